@@ -1,0 +1,176 @@
+"""Schedules: which node runs in which stage (``recompute``), which value is kept (``retain``), and the
+executable plan with explicit frees that the memory model derives from them.
+
+``recompute[t, i]`` is the paper's R and ``retain[t, i]`` its S (DESIGN §3). Strategies usually decide
+only what to keep; :func:`minimal_recompute` then derives the cheapest R that makes those choices valid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from checkmate.errors import InvalidScheduleError
+from checkmate.simulate import walk
+
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.graph import Graph
+
+__all__ = ["Schedule", "minimal_recompute", "load_schedule", "save_schedule", "SCHEDULE_FORMAT"]
+
+SCHEDULE_FORMAT = "checkmate-schedule/1"
+
+PlanStep = tuple[str, int]
+
+
+def _frozen_bool(array: Any, n: int, what: str) -> np.ndarray:
+    out = np.array(array, dtype=bool, copy=True)
+    if out.shape != (n, n):
+        raise InvalidScheduleError(f"{what} must be a {n}x{n} matrix, got shape {out.shape}")
+    out.setflags(write=False)
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class Schedule:
+    """An (R, S) pair plus its executable plan.
+
+    Build one with :meth:`from_matrices` (plan derived by the memory model) or :meth:`from_retain`
+    (R derived as the minimal recomputation for the given S).
+    """
+
+    recompute: np.ndarray
+    retain: np.ndarray
+    plan: tuple[PlanStep, ...]
+    graph_name: str = ""
+    strategy: str = ""
+    budget_bytes: int | None = None
+
+    @classmethod
+    def from_matrices(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
+                      budget_bytes: int | None = None) -> "Schedule":
+        R = _frozen_bool(recompute, graph.n, "recompute")
+        S = _frozen_bool(retain, graph.n, "retain")
+        plan: list[PlanStep] = []
+        for event in walk(graph, R, S):
+            if event[0] == "compute":
+                plan.append(("compute", int(event[2])))
+            elif event[0] == "free":
+                plan.append(("free", int(event[2])))
+        return cls(R, S, tuple(plan), graph.name, strategy, budget_bytes)
+
+    @classmethod
+    def from_retain(cls, graph: "Graph", retain: Any, *, strategy: str = "",
+                    budget_bytes: int | None = None) -> "Schedule":
+        S = np.array(retain, dtype=bool)
+        return cls.from_matrices(graph, minimal_recompute(graph, S), S, strategy=strategy, budget_bytes=budget_bytes)
+
+    @property
+    def n(self) -> int:
+        return self.recompute.shape[0]
+
+    @property
+    def compute_count(self) -> int:
+        return int(self.recompute.sum())
+
+    @property
+    def recompute_count(self) -> int:
+        """Computations beyond the first of each node."""
+        return int(self.recompute.sum()) - self.n
+
+    def with_meta(self, *, strategy: str | None = None, budget_bytes: int | None = None) -> "Schedule":
+        return Schedule(self.recompute, self.retain, self.plan, self.graph_name,
+                        self.strategy if strategy is None else strategy,
+                        self.budget_bytes if budget_bytes is None else budget_bytes)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        return (np.array_equal(self.recompute, other.recompute) and np.array_equal(self.retain, other.retain)
+                and self.plan == other.plan)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def to_dict(self) -> dict:
+        return {
+            "format": SCHEDULE_FORMAT,
+            "graph": self.graph_name,
+            "strategy": self.strategy,
+            "budget_bytes": self.budget_bytes,
+            "recompute": np.argwhere(self.recompute).tolist(),
+            "retain": np.argwhere(self.retain).tolist(),
+            "plan": [list(step) for step in self.plan],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping, graph: "Graph | None" = None) -> "Schedule":
+        if not isinstance(data, Mapping) or data.get("format") != SCHEDULE_FORMAT:
+            raise InvalidScheduleError(f"not a {SCHEDULE_FORMAT} document")
+        try:
+            r_cells = np.array(data["recompute"], dtype=np.int64).reshape(-1, 2)
+            s_cells = np.array(data["retain"], dtype=np.int64).reshape(-1, 2)
+            plan = tuple((str(a), int(i)) for a, i in data["plan"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidScheduleError(f"malformed schedule document: {exc}") from None
+        largest = max([int(r_cells.max(initial=-1)), int(s_cells.max(initial=-1))] + [i for _, i in plan] + [-1])
+        n = graph.n if graph is not None else largest + 1
+        if largest >= n or (r_cells.size and r_cells.min() < 0) or (s_cells.size and s_cells.min() < 0):
+            raise InvalidScheduleError(f"schedule refers to node {largest}, but the graph has {n} nodes")
+        R = np.zeros((n, n), dtype=bool)
+        S = np.zeros((n, n), dtype=bool)
+        R[r_cells[:, 0], r_cells[:, 1]] = True
+        S[s_cells[:, 0], s_cells[:, 1]] = True
+        budget = data.get("budget_bytes")
+        return cls(_frozen_bool(R, n, "recompute"), _frozen_bool(S, n, "retain"), plan,
+                   str(data.get("graph", "")), str(data.get("strategy", "")),
+                   None if budget is None else int(budget))
+
+
+def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
+    """The cheapest R that is valid for the retention matrix S.
+
+    Stage ``t`` must compute node ``t``, every input of a computed node that is not held on entry,
+    and every value held into ``t+1`` that is not held on entry; nothing else. Walking the stage's
+    nodes from ``t`` down to 0 settles each in one pass because inputs have smaller ids.
+    """
+    n = graph.n
+    S = np.asarray(retain, dtype=bool)
+    if S.shape != (n, n):
+        raise InvalidScheduleError(f"retain must be a {n}x{n} matrix, got shape {S.shape}")
+    deps = graph.deps
+    R = np.zeros((n, n), dtype=bool)
+    for t in range(n):
+        need = np.zeros(t + 1, dtype=bool)
+        need[t] = True
+        if t + 1 < n:
+            need |= S[t + 1, : t + 1] & ~S[t, : t + 1]
+        held = S[t]
+        for k in range(t, -1, -1):
+            if need[k]:
+                for d in deps[k]:
+                    if not held[d]:
+                        need[d] = True
+        R[t, : t + 1] = need
+    return R
+
+
+def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
+    from checkmate.graph import _atomic_write_json
+
+    _atomic_write_json(Path(path), schedule.to_dict())
+
+
+def load_schedule(path: str | os.PathLike, graph: "Graph | None" = None) -> Schedule:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise InvalidScheduleError(f"cannot read schedule file {str(path)!r}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidScheduleError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    return Schedule.from_dict(data, graph)

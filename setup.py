@@ -1,0 +1,44 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+setup(
+    name="checkmate",
+    version="0.1.0",
+    description="Optimal tensor rematerialization for TensorFlow 2: train models that do not fit in memory",
+    long_description=Path(__file__).with_name("README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["checkmate", "checkmate.*"]),
+    package_data={"checkmate": ["data/examples/*.json"]},
+    install_requires=[
+        "numpy>=1.24",
+        "networkx>=3.1",
+        "cvxpy>=1.5",
+        "highspy>=1.7",
+        "tensorflow>=2.16",
+        "keras>=3.0",
+        "matplotlib>=3.7",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "gurobi": ["gurobipy>=11.0"],
+        "ortools": ["ortools>=9.10"],
+        "ray": ["ray>=2.9"],
+        "test": [
+            "pytest>=8.0",
+            "pytest-xdist>=3.5",
+            "hypothesis>=6.100",
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
+            "ortools>=9.10",
+        ],
+    },
+    entry_points={"console_scripts": ["checkmate=checkmate.cli:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)
