@@ -142,3 +142,31 @@ def random_dags(draw, min_nodes: int = 2, max_nodes: int = 12, max_mem: int = 20
         b.add_node(f"n{v}", draw(st.integers(1, 10)), draw(st.integers(0, max_mem)), sorted(set(deps)),
                    backward=v >= n // 2, output=(v == n - 1) or draw(st.booleans()) and draw(st.booleans()) and v >= n // 2)
     return b.build()
+
+
+def brute_force_optimum(graph: Graph, budget_bytes: int) -> tuple[float, Schedule] | None:
+    """The cheapest valid schedule within ``budget_bytes`` by enumerating every retention matrix.
+
+    For a fixed S the minimal R is both cheapest and smallest in memory, so enumerating S alone is
+    exhaustive over the stage model. Only for tiny graphs: 2^(n(n-1)/2) candidates.
+    """
+    import itertools
+
+    from checkmate.schedule import minimal_recompute
+
+    n = graph.n
+    assert n <= 6, "brute force is for tiny graphs"
+    cells = [(t, i) for t in range(1, n) for i in range(t)]
+    best: tuple[float, Schedule] | None = None
+    for bits in itertools.product((False, True), repeat=len(cells)):
+        S = np.zeros((n, n), dtype=bool)
+        for (t, i), on in zip(cells, bits):
+            S[t, i] = on
+        R = minimal_recompute(graph, S)
+        schedule = Schedule.from_matrices(graph, R, S)
+        sim = simulate(graph, schedule)
+        if not sim.valid or sim.peak_memory_bytes > budget_bytes:
+            continue
+        if best is None or sim.compute_cost < best[0] - 1e-9:
+            best = (sim.compute_cost, schedule)
+    return best
