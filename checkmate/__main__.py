@@ -1,0 +1,5 @@
+import sys
+
+from checkmate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,54 @@
+import json
+
+import numpy as np
+import pytest
+
+from cases import training_chain, unet_like
+from checkmate import InvalidBudgetError, InvalidScheduleError, Schedule, load_schedule, parse_budget, save_schedule, simulate
+from checkmate.solvers import checkpoint_all_peak
+from checkmate.solvers.baselines import checkpoint_all_schedule
+
+
+def test_schedule_round_trip(tmp_path):
+    g = unet_like()
+    s = checkpoint_all_schedule(g).with_meta(strategy="checkpoint_all", budget_bytes=999)
+    path = tmp_path / "s.json"
+    save_schedule(s, path)
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "checkmate-schedule/1" and doc["graph"] == g.name
+    assert doc["strategy"] == "checkpoint_all" and doc["budget_bytes"] == 999
+    assert doc["plan"][0] == ["compute", 0]
+    back = load_schedule(path, g)
+    assert back == s and back.strategy == "checkpoint_all" and back.budget_bytes == 999
+    assert simulate(g, back).peak_memory_bytes == simulate(g, s).peak_memory_bytes
+
+
+def test_schedule_file_errors(tmp_path):
+    g = training_chain(2)
+    path = tmp_path / "s.json"
+    path.write_text("{not json")
+    with pytest.raises(InvalidScheduleError, match="malformed JSON"):
+        load_schedule(path, g)
+    path.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(InvalidScheduleError, match="checkmate-schedule/1"):
+        load_schedule(path, g)
+    path.write_text(json.dumps({"format": "checkmate-schedule/1", "recompute": [[0, 9]], "retain": [], "plan": []}))
+    with pytest.raises(InvalidScheduleError, match="node 9"):
+        load_schedule(path, g)
+
+
+def test_parse_budget_forms():
+    g = training_chain(4)
+    peak = checkpoint_all_peak(g)
+    assert parse_budget(1000) == 1000
+    assert parse_budget("2GiB") == 2 * 2**30
+    assert parse_budget("1.5GB") == 1_500_000_000
+    assert parse_budget("512 MiB") == 512 * 2**20
+    assert parse_budget("100%", g) == peak
+    assert parse_budget("50%", g) == peak // 2
+    assert parse_budget("1e3") == 1000
+    for bad in ["", "abc", "-5", "0", "5 parsecs", "50%x", None, True, float("nan")]:
+        with pytest.raises(InvalidBudgetError):
+            parse_budget(bad, g)
+    with pytest.raises(InvalidBudgetError, match="needs a graph"):
+        parse_budget("50%")
