@@ -1,0 +1,139 @@
+"""Running many independent solves: in this process, on local processes, or on a Ray cluster.
+
+All three executors share one code path: a module-level task function ``fn(shared, task)`` is applied
+to every task, where ``shared`` is a read-only payload (typically a graph as a dict) sent to each worker
+once rather than with every task. Results are yielded as ``(index, result)`` in completion order, so
+callers can drive a progress bar; :func:`run_tasks` returns them in task order.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any, Callable, Iterator, Sequence
+
+from checkmate.errors import BackendUnavailableError, InvalidArgumentError
+
+__all__ = ["EXECUTORS", "run_tasks", "iter_tasks", "default_workers"]
+
+EXECUTORS = ("process", "ray", "serial")
+
+TaskFn = Callable[[Any, Any], Any]
+
+_WORKER_SHARED: Any = None
+
+
+def default_workers() -> int:
+    """One worker per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _init_worker(shared: Any) -> None:
+    global _WORKER_SHARED
+    _WORKER_SHARED = shared
+
+
+def _call_in_worker(fn: TaskFn, task: Any) -> Any:
+    return fn(_WORKER_SHARED, task)
+
+
+def _mp_context():
+    # Forking a process that has already started TensorFlow's thread pools can deadlock the child;
+    # only then pay for a fresh interpreter per worker.
+    if "tensorflow" in sys.modules:
+        return multiprocessing.get_context("forkserver")
+    return multiprocessing.get_context()
+
+
+def iter_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor: str = "process",
+               workers: int | None = None) -> Iterator[tuple[int, Any]]:
+    """Yield ``(index, fn(shared, tasks[index]))`` for every task, in completion order.
+
+    Exceptions raised by ``fn`` propagate; task functions that want to record failures should catch
+    them and return a value describing the failure.
+    """
+    if executor not in EXECUTORS:
+        raise InvalidArgumentError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    if not tasks:
+        return
+    workers = workers or default_workers()
+    if executor == "serial" or (executor == "process" and (workers == 1 or len(tasks) == 1)):
+        for index, task in enumerate(tasks):
+            yield index, fn(shared, task)
+    elif executor == "process":
+        yield from _iter_process(fn, tasks, shared, min(workers, len(tasks)))
+    else:
+        yield from _iter_ray(fn, tasks, shared, workers)
+
+
+def _iter_process(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_init_worker,
+                             initargs=(shared,)) as pool:
+        pending = {pool.submit(_call_in_worker, fn, task): index for index, task in enumerate(tasks)}
+        try:
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    index = pending.pop(future)
+                    yield index, future.result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _ray_call(fn: TaskFn, shared: Any, task: Any) -> Any:
+    return fn(shared, task)
+
+
+def _iter_ray(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
+    try:
+        import ray
+    except ImportError:
+        raise BackendUnavailableError(
+            "the ray executor needs Ray: pip install 'checkmate[ray]' (or use --executor process)") from None
+    started_here = False
+    if not ray.is_initialized():
+        # RAY_ADDRESS selects an existing cluster; without it a local instance sized to ``workers`` starts.
+        address = os.environ.get("RAY_ADDRESS")
+        if address:
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+        started_here = True
+    try:
+        remote = ray.remote(num_cpus=1)(_ray_call)
+        shared_ref = ray.put(shared)
+        pending = {remote.remote(fn, shared_ref, task): index for index, task in enumerate(tasks)}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                index = pending.pop(ref)
+                yield index, ray.get(ref)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def run_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor: str = "process",
+              workers: int | None = None, progress: bool = False, desc: str = "solving") -> list[Any]:
+    """Apply ``fn(shared, task)`` to every task; results in task order. ``progress`` shows a tqdm bar."""
+    results: list[Any] = [None] * len(tasks)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(tasks), desc=desc, unit="solve", file=sys.stderr, leave=False)
+    try:
+        for index, result in iter_tasks(fn, tasks, shared=shared, executor=executor, workers=workers):
+            results[index] = result
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return results

@@ -1,0 +1,456 @@
+"""Budget sweeps: every strategy over a grid of memory budgets (the Checkmate paper's budget-sweep figure).
+
+The grid runs from the smallest budget at which any of the swept strategies finds a schedule (the
+feasibility frontier) up to the checkpoint-all peak, where no strategy needs to recompute anything.
+Each (strategy, budget) solve is independent, so they run in parallel (:mod:`.executors`).
+
+Strategies that ignore the budget (checkpoint-all, Chen sqrt(n), ...) produce the same schedule at
+every budget: they are solved once and their row at each budget says whether that schedule fits.
+
+Every row also carries the best proven lower bound on the compute cost at its budget (from the MILP
+or the LP relaxation, whichever strategies of the sweep report one), and the gap of the row's cost to
+it, so that a baseline's distance from optimal can be read off the same table.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from checkmate.analysis.executors import EXECUTORS, run_tasks
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
+from checkmate.graph import Graph, graph_from_dict
+from checkmate.solvers import STRATEGIES, checkpoint_all_peak, format_bytes, get_strategy, solve
+
+__all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "minimum_feasible_budget", "trivial_budget_bound",
+           "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "check_consistency",
+           "cli_sweep", "CSV_COLUMNS"]
+
+# Strategies a sweep runs when none are named: the paper's baselines and Checkmate's own two.
+_DEFAULT_ORDER = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn", "checkmate_lp_rounding",
+                  "checkmate_milp", "lower_bound_lp")
+
+# Strategies whose rows define what "the MILP" means in consistency checks.
+EXACT_STRATEGY = "checkmate_milp"
+# Relative slack for comparing costs computed as float sums in different orders.
+_COST_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One (strategy, budget) cell of a sweep."""
+
+    graph: str
+    strategy: str
+    budget_bytes: int
+    feasible: bool | None          # None: the solver failed (see status)
+    compute_cost: float | None
+    baseline_cost: float
+    overhead: float | None         # compute_cost / baseline_cost
+    peak_memory_bytes: int | None
+    lower_bound: float | None      # best proven bound on any schedule's cost at this budget
+    gap: float | None              # (compute_cost - lower_bound) / compute_cost
+    solve_seconds: float | None
+    optimal: bool
+    status: str
+    solver: str | None = None
+    min_feasible_budget_bytes: int | None = None
+
+
+CSV_COLUMNS = tuple(f.name for f in fields(SweepRow))
+
+
+@dataclass
+class SweepResult:
+    graph_name: str
+    nodes: int
+    budgets: list[int]
+    strategies: list[str]
+    rows: list[SweepRow]
+    checkpoint_all_peak_bytes: int
+    min_feasible_budget_bytes: int
+    trivial_bound_bytes: int
+    baseline_cost: float
+    wall_seconds: float = 0.0
+    meta: dict = field(default_factory=dict)
+
+    def rows_for(self, strategy: str) -> list[SweepRow]:
+        return sorted((r for r in self.rows if r.strategy == strategy), key=lambda r: r.budget_bytes)
+
+    def to_json_dict(self) -> dict:
+        return {
+            "graph": self.graph_name,
+            "nodes": self.nodes,
+            "budgets": self.budgets,
+            "strategies": self.strategies,
+            "checkpoint_all_peak_bytes": self.checkpoint_all_peak_bytes,
+            "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
+            "trivial_bound_bytes": self.trivial_bound_bytes,
+            "baseline_cost": self.baseline_cost,
+            "wall_seconds": self.wall_seconds,
+            "meta": self.meta,
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+
+# ------------------------------------------------------------------------------------ strategies
+def available_strategies() -> list[str]:
+    """Registered strategies whose implementation can be imported here."""
+    names = []
+    for name, spec in STRATEGIES.items():
+        try:
+            spec.fn
+        except (ImportError, AttributeError):
+            continue
+        names.append(name)
+    return names
+
+
+def default_strategies() -> list[str]:
+    available = set(available_strategies())
+    return [name for name in _DEFAULT_ORDER if name in available]
+
+
+def _check_strategies(names: Sequence[str]) -> list[str]:
+    out = []
+    for name in names:
+        spec = get_strategy(name)  # raises InvalidArgumentError for unknown names
+        try:
+            spec.fn
+        except (ImportError, AttributeError):
+            raise InvalidArgumentError(f"strategy {name!r} is not available in this installation") from None
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise InvalidArgumentError("no strategies to sweep")
+    return out
+
+
+# ------------------------------------------------------------------------------------ solving
+@dataclass(frozen=True)
+class _Task:
+    strategy: str
+    budget_bytes: int
+    solver: str | None
+    time_limit_s: float | None
+    threads: int | None
+    mip_gap: float | None
+
+
+def _solve_task(graph_payload: Any, task: _Task) -> dict:
+    """Worker entry point: one solve, every outcome turned into a row-like dict."""
+    graph = graph_payload if isinstance(graph_payload, Graph) else graph_from_dict(graph_payload)
+    options: dict[str, Any] = {}
+    if task.threads is not None:
+        options["threads"] = task.threads
+    if task.mip_gap is not None:
+        options["mip_gap"] = task.mip_gap
+    start = time.perf_counter()
+    try:
+        r = solve(graph, task.budget_bytes, strategy=task.strategy, solver=task.solver,
+                  time_limit_s=task.time_limit_s, **options)
+    except InfeasibleBudgetError as exc:
+        return {"strategy": task.strategy, "budget_bytes": task.budget_bytes, "feasible": False,
+                "compute_cost": None, "peak_memory_bytes": None, "lower_bound": None, "optimal": False,
+                "solve_seconds": time.perf_counter() - start, "status": "infeasible", "solver": task.solver,
+                "min_feasible_budget_bytes": exc.min_feasible_budget_bytes}
+    except SolverError as exc:
+        return {"strategy": task.strategy, "budget_bytes": task.budget_bytes, "feasible": None,
+                "compute_cost": None, "peak_memory_bytes": None, "lower_bound": None, "optimal": False,
+                "solve_seconds": time.perf_counter() - start, "status": f"solver failed: {exc}",
+                "solver": task.solver, "min_feasible_budget_bytes": None}
+    return {"strategy": task.strategy, "budget_bytes": task.budget_bytes, "feasible": True,
+            "compute_cost": r.compute_cost, "peak_memory_bytes": r.peak_memory_bytes,
+            "lower_bound": r.lower_bound, "optimal": r.optimal, "solve_seconds": r.solve_seconds,
+            "status": r.status, "solver": r.solver, "min_feasible_budget_bytes": None}
+
+
+def trivial_budget_bound(graph: Graph) -> int:
+    """No schedule fits below ``fixed + max_k (mem[k] + sum of k's inputs)``: computing k alone needs it."""
+    need = max(int(graph.mem[k]) + sum(int(graph.mem[d]) for d in graph.deps[k]) for k in range(graph.n))
+    return int(graph.fixed_mem) + need
+
+
+def minimum_feasible_budget(graph: Graph, strategies: Sequence[str], probes: dict[str, dict] | None = None) -> int:
+    """The smallest budget at which one of ``strategies`` finds a schedule, from probe solves.
+
+    ``probes`` maps each strategy to its solve at the trivial bound (budget-aware strategies) or at an
+    unlimited budget (the others, whose peak is then their minimum). Strategies that cannot tell
+    their minimum (no ``min_feasible_budget_bytes``) do not contribute; if none can, the trivial bound
+    is returned.
+    """
+    trivial = trivial_budget_bound(graph)
+    candidates = []
+    for name, row in (probes or {}).items():
+        if row["feasible"] and row["peak_memory_bytes"] is not None:
+            spec = STRATEGIES[name]
+            candidates.append(trivial if spec.budget_aware else int(row["peak_memory_bytes"]))
+        elif row["feasible"] and row["compute_cost"] is None and STRATEGIES[name].budget_aware:
+            continue  # a bound-only strategy says nothing about schedules existing
+        elif row["feasible"] is False and row.get("min_feasible_budget_bytes") is not None:
+            candidates.append(int(row["min_feasible_budget_bytes"]))
+    return max(trivial, min(candidates)) if candidates else trivial
+
+
+def budget_grid(low_bytes: int, high_bytes: int, count: int) -> list[int]:
+    """``count`` budgets evenly spaced from ``low_bytes`` to ``high_bytes``, both included, no repeats."""
+    if count < 1:
+        raise InvalidArgumentError(f"a sweep needs at least one budget, got {count}")
+    if high_bytes <= low_bytes or count == 1:
+        return [int(max(low_bytes, high_bytes))]
+    step = (high_bytes - low_bytes) / (count - 1)
+    grid = sorted({int(round(low_bytes + i * step)) for i in range(count)})
+    grid[0], grid[-1] = int(low_bytes), int(high_bytes)
+    return grid
+
+
+def _is_bound_only(name: str) -> bool:
+    return name == "lower_bound_lp"
+
+
+def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int | Sequence[int] = 10,
+          solver: str | None = None, time_limit_s: float | None = None, mip_gap: float | None = None,
+          executor: str = "process", workers: int | None = None, progress: bool = False) -> SweepResult:
+    """Solve ``graph`` with every strategy at every budget of a grid.
+
+    ``budgets`` is either the number of grid points (from the minimum feasible budget to the
+    checkpoint-all peak) or an explicit list of budgets in bytes.
+    """
+    if executor not in EXECUTORS:
+        raise InvalidArgumentError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    names = _check_strategies(strategies if strategies is not None else default_strategies())
+    start = time.perf_counter()
+    payload = graph.to_dict()
+    # Each MILP solve gets one thread when several run side by side: the parallelism is across solves.
+    threads = 1 if (executor != "serial" and (workers or 2) > 1) else None
+    peak_all = checkpoint_all_peak(graph)
+    trivial = trivial_budget_bound(graph)
+    unaware = [s for s in names if not STRATEGIES[s].budget_aware]
+    aware = [s for s in names if STRATEGIES[s].budget_aware]
+
+    def task(name: str, budget: int) -> _Task:
+        return _Task(name, int(budget), solver, time_limit_s, threads, mip_gap)
+
+    # Budget-unaware strategies: one solve each, at a budget nothing exceeds (their peak is their minimum).
+    unlimited = max(peak_all, trivial) * 1024
+    probe_tasks = [task(s, unlimited) for s in unaware]
+    explicit = not isinstance(budgets, int)
+    if not explicit:
+        probe_tasks += [task(s, trivial) for s in aware if not _is_bound_only(s)]
+    probe_rows = run_tasks(_solve_task, probe_tasks, shared=payload, executor=executor, workers=workers,
+                           progress=progress, desc=f"{graph.name}: frontier")
+    probes = {t.strategy: row for t, row in zip(probe_tasks, probe_rows)}
+
+    if explicit:
+        grid = sorted({int(b) for b in budgets})  # type: ignore[union-attr]
+        if not grid or grid[0] <= 0:
+            raise InvalidArgumentError("explicit sweep budgets must be positive byte counts")
+        low = minimum_feasible_budget(graph, unaware, probes)
+    else:
+        low = minimum_feasible_budget(graph, names, probes)
+        grid = budget_grid(low, max(low, peak_all), int(budgets))
+
+    known = {(t.strategy, t.budget_bytes): row for t, row in zip(probe_tasks, probe_rows)
+             if t.budget_bytes != unlimited}
+    solve_tasks = [task(s, b) for s in aware for b in grid if (s, b) not in known]
+    solved = run_tasks(_solve_task, solve_tasks, shared=payload, executor=executor, workers=workers,
+                       progress=progress, desc=f"{graph.name}: sweep")
+    known.update({(t.strategy, t.budget_bytes): row for t, row in zip(solve_tasks, solved)})
+
+    raw: list[dict] = []
+    for name in names:
+        for b in grid:
+            if name in unaware:
+                raw.append(_unaware_row(probes[name], b))
+            else:
+                raw.append(known[(name, b)])
+    rows = _finish_rows(graph, raw)
+    return SweepResult(graph.name, graph.n, grid, names, rows, peak_all, low, trivial, graph.total_cost,
+                       time.perf_counter() - start,
+                       {"executor": executor, "solver": solver, "time_limit_s": time_limit_s, "mip_gap": mip_gap})
+
+
+def _unaware_row(probe: dict, budget: int) -> dict:
+    row = dict(probe, budget_bytes=budget)
+    if probe["feasible"]:
+        peak = int(probe["peak_memory_bytes"])
+        if peak > budget:
+            row.update(feasible=False, status="infeasible", min_feasible_budget_bytes=peak)
+            row.update(compute_cost=None, peak_memory_bytes=None)
+    return row
+
+
+def _finish_rows(graph: Graph, raw: list[dict]) -> list[SweepRow]:
+    """Attach the best bound known at each budget and derived fields."""
+    best_bound: dict[int, float] = {}
+    for row in raw:
+        lb = row.get("lower_bound")
+        if lb is not None and row["feasible"] is not False:
+            best_bound[row["budget_bytes"]] = max(best_bound.get(row["budget_bytes"], -math.inf), float(lb))
+    total = graph.total_cost
+    rows = []
+    for row in raw:
+        cost = row["compute_cost"]
+        bound = best_bound.get(row["budget_bytes"])
+        own = row.get("lower_bound")
+        if own is not None:
+            bound = max(float(own), bound) if bound is not None else float(own)
+        gap = None
+        if cost is not None and bound is not None:
+            gap = 0.0 if cost <= 0 else max(0.0, (cost - bound) / cost)
+        rows.append(SweepRow(
+            graph=graph.name, strategy=row["strategy"], budget_bytes=int(row["budget_bytes"]),
+            feasible=row["feasible"], compute_cost=cost, baseline_cost=total,
+            overhead=(cost / total) if (cost is not None and total > 0) else None,
+            peak_memory_bytes=row["peak_memory_bytes"], lower_bound=bound, gap=gap,
+            solve_seconds=row["solve_seconds"], optimal=bool(row["optimal"]), status=str(row["status"]),
+            solver=row.get("solver"), min_feasible_budget_bytes=row.get("min_feasible_budget_bytes")))
+    return rows
+
+
+# ------------------------------------------------------------------------------------ checks
+def check_consistency(rows: Iterable[SweepRow], *, exact: str = EXACT_STRATEGY, rtol: float = 0.0) -> list[str]:
+    """What a correct sweep guarantees, as a list of violations (empty when consistent).
+
+    Wherever ``exact`` (the MILP) reached a proven optimum: its cost is at most every other
+    strategy's cost at the same budget, and it does not increase with the budget; and no
+    schedule's cost is below a proven lower bound. ``rtol`` is the relative slack allowed (the MILP's
+    optimality gap when it is solved to a gap rather than exactly).
+    """
+    rows = list(rows)
+    problems = []
+    slack = rtol + _COST_RTOL
+    exact_rows = {r.budget_bytes: r for r in rows if r.strategy == exact and r.feasible and r.compute_cost is not None}
+    for r in rows:
+        if r.compute_cost is None or not r.feasible:
+            continue
+        if r.lower_bound is not None and r.compute_cost < r.lower_bound * (1 - slack) - 1e-12:
+            problems.append(f"{r.strategy} at {r.budget_bytes} B costs {r.compute_cost:.6g}, below the proven "
+                            f"lower bound {r.lower_bound:.6g}")
+        e = exact_rows.get(r.budget_bytes)
+        if e is not None and e.optimal and r.strategy != exact and e.compute_cost > r.compute_cost * (1 + slack):
+            problems.append(f"{exact} at {r.budget_bytes} B costs {e.compute_cost:.6g}, more than "
+                            f"{r.strategy} ({r.compute_cost:.6g})")
+        if e is None and r.strategy != exact:
+            er = next((x for x in rows if x.strategy == exact and x.budget_bytes == r.budget_bytes), None)
+            if er is not None and er.feasible is False:
+                problems.append(f"{exact} reports no schedule at {r.budget_bytes} B, but {r.strategy} found one")
+    ordered = sorted(exact_rows.values(), key=lambda r: r.budget_bytes)
+    for a, b in zip(ordered, ordered[1:]):
+        if a.optimal and b.optimal and b.compute_cost > a.compute_cost * (1 + slack):
+            problems.append(f"{exact} overhead rises from {a.overhead:.4f} at {a.budget_bytes} B to "
+                            f"{b.overhead:.4f} at {b.budget_bytes} B")
+    return problems
+
+
+# ------------------------------------------------------------------------------------ files
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def write_sweep(result: SweepResult, out_dir: str | os.PathLike, *, stem: str = "sweep", plot: bool = True,
+                title: str | None = None) -> dict[str, Path]:
+    """Write ``<stem>.csv``, ``<stem>.json`` (grid and metadata) and, with ``plot``, ``<stem>.png``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"csv": out / f"{stem}.csv", "json": out / f"{stem}.json"}
+    with open(paths["csv"], "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_COLUMNS)
+        for row in result.rows:
+            writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
+    paths["json"].write_text(json.dumps(result.to_json_dict(), indent=1) + "\n")
+    if plot:
+        from checkmate.analysis.plots import plot_budget_sweep
+
+        paths["png"] = out / f"{stem}.png"
+        plot_budget_sweep(result, paths["png"], title=title)
+    return paths
+
+
+def _parse_csv_field(name: str, text: str) -> Any:
+    if text == "":
+        return None
+    if name in ("feasible", "optimal"):
+        return text == "True"
+    if name in ("budget_bytes", "peak_memory_bytes", "min_feasible_budget_bytes"):
+        return int(text)
+    if name in ("compute_cost", "baseline_cost", "overhead", "lower_bound", "gap", "solve_seconds"):
+        return float(text)
+    return text
+
+
+def read_sweep_csv(path: str | os.PathLike) -> list[SweepRow]:
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = set(CSV_COLUMNS) - set(reader.fieldnames or ())
+        if missing:
+            raise InvalidArgumentError(f"{path}: not a sweep CSV (missing columns {sorted(missing)})")
+        rows = []
+        for raw in reader:
+            values = {k: _parse_csv_field(k, raw[k]) for k in CSV_COLUMNS}
+            values["optimal"] = bool(values["optimal"])
+            values["status"] = values["status"] or ""
+            rows.append(SweepRow(**values))
+    return rows
+
+
+# ------------------------------------------------------------------------------------ CLI
+def _graph_from_args(args) -> Graph:
+    from checkmate.graph import load_graph
+
+    if args.graph and args.model:
+        raise InvalidArgumentError("give either GRAPH.json or --model, not both")
+    if args.graph:
+        if args.batch_size is not None:
+            raise InvalidArgumentError("--batch-size applies to --model only")
+        return load_graph(args.graph)
+    if not args.model:
+        raise InvalidArgumentError("give a graph file or --model NAME --batch-size B")
+    if args.batch_size is None:
+        raise InvalidArgumentError("--model needs --batch-size")
+    from checkmate.analysis.models import extract_graph
+
+    return extract_graph(args.model, args.batch_size, input_shape=args.input_shape)
+
+
+def cli_sweep(args) -> int:
+    graph = _graph_from_args(args)
+    import sys
+
+    result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
+                   time_limit_s=args.time_limit, executor=args.executor, workers=args.workers,
+                   progress=sys.stderr.isatty() or bool(os.environ.get("CHECKMATE_PROGRESS")))
+    paths = write_sweep(result, args.out)
+    print(f"graph {graph.name}: {graph.n} nodes; budgets {format_bytes(result.budgets[0])} .. "
+          f"{format_bytes(result.budgets[-1])} ({len(result.budgets)} points); "
+          f"{len(result.strategies)} strategies in {result.wall_seconds:.1f} s")
+    width = max(len(s) for s in result.strategies)
+    for name in result.strategies:
+        rows = [r for r in result.rows_for(name) if r.feasible and r.overhead is not None]
+        failed = sum(1 for r in result.rows_for(name) if r.feasible is None)
+        if rows:
+            first = rows[0]
+            text = (f"feasible from {format_bytes(first.budget_bytes)}, overhead {first.overhead:.3f}x there, "
+                    f"{rows[-1].overhead:.3f}x at {format_bytes(rows[-1].budget_bytes)}")
+        elif name == "lower_bound_lp":
+            bounds = [r for r in result.rows_for(name) if r.lower_bound is not None]
+            text = f"bounds at {len(bounds)} budgets"
+        else:
+            text = "no feasible budget in the grid"
+        if failed:
+            text += f"; solver failed at {failed} budgets"
+        print(f"  {name:<{width}}  {text}")
+    for kind in ("csv", "png", "json"):
+        print(f"  {kind:<4} {paths[kind]}")
+    return 0
