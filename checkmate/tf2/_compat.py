@@ -1,0 +1,76 @@
+"""Every TensorFlow/Keras version shim or private access of checkmate.tf2, in one place.
+
+Each entry says which version it was written against. Append new entries; keep them small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import tensorflow as tf
+
+
+# --- code generation ------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def grappler_disabled() -> Iterator[None]:
+    """Turn Grappler's meta optimizer off for the enclosed block, then restore the previous setting.
+
+    TF 2.21: ``tf.config.optimizer.set_experimental_options`` is process-global; its dependency
+    optimizer drops the control edges that order recomputations.
+    """
+    previous = bool(tf.config.optimizer.get_experimental_options().get("disable_meta_optimizer", False))
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        yield
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": previous})
+
+
+def executed_graph_defs(run: Callable[[], object]) -> list:
+    """Call ``run()`` and return the post-optimization GraphDefs of the functions it executed.
+
+    TF 2.21 private API: ``tensorflow.python.eager.context`` run metadata (``function_graphs``).
+    """
+    from tensorflow.python.eager import context as _context
+
+    ctx = _context.context()
+    ctx.enable_run_metadata()
+    try:
+        run()
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    graphs = []
+    for fg in metadata.function_graphs:
+        graphs.append(fg.post_optimization_graph)
+        graphs.extend(fg.partition_graphs)
+    return graphs
+
+
+
+# --- lowering / profiling -------------------------------------------------------------------------
+
+def op_is_stateful(op: "tf.Operation") -> bool:
+    """Whether TF registers the op as stateful (TF 2.21: ``Operation.op_def`` is public; ops whose
+    type is a function name have no registered OpDef, and are treated as stateful)."""
+    try:
+        return bool(op.op_def.is_stateful)
+    except (AttributeError, KeyError, ValueError):
+        return True
+
+
+def current_graph_op_count() -> int:
+    """Number of ops created so far in the graph being traced (TF 2.21: inside ``tf.function``
+    tracing ``tf.compat.v1.get_default_graph()`` is the FuncGraph, and ``get_operations()`` lists
+    its ops in creation order, which is a topological order)."""
+    return len(tf.compat.v1.get_default_graph().get_operations())
+
+
+def sync_devices() -> None:
+    """Wait for every queued kernel on every device (TF >= 2.13: ``tf.test.experimental.sync_devices``;
+    a no-op on CPU, where eager kernels complete before returning)."""
+    sync = getattr(getattr(tf.test, "experimental", None), "sync_devices", None)
+    if sync is not None and tf.config.list_logical_devices("GPU"):
+        sync()

@@ -1,0 +1,379 @@
+"""Schedule -> a rematerializing ``tf.function`` (DESIGN §1, §6).
+
+The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef level:
+
+* every ``("compute", i)`` step of ``Schedule.plan`` emits one copy of node ``i``'s ops. The first
+  copy keeps the original op names (so the ops that run once, "static" ops, need no rewiring); copy
+  ``k >= 1`` is named ``<op>__cm<k>``;
+* each copy reads its inputs from the copy of the producing node that is current at that point of
+  the plan (the plan guarantees it is resident); the function's outputs come from the last copies;
+* a control-dependency chain runs the copies in plan order: every op of copy ``c`` without a data
+  input inside its own copy waits for the sink ops of copy ``c - 1``. TF's executor frees a tensor
+  once its last consumer has run; since the consumers of a copy are exactly the computations the
+  plan runs before freeing that value, the chain makes every value die where the plan frees it (or
+  earlier: a value the plan holds until the end of a stage without using it dies at its last use).
+  The anchors also make every copy differ from the others by a control input, so common-subexpression
+  elimination cannot merge recomputations back (DESIGN §6, trap 1).
+
+The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
+``tf.function``; captured variables are fed as ``tf.identity`` of their handles. Grappler's meta
+optimizer (whose dependency optimizer drops ordering edges) is disabled only while the generated
+function runs, and the previous setting is restored afterwards (:func:`checkmate.tf2._compat.
+grappler_disabled`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from checkmate.errors import InvalidGraphError, InvalidScheduleError
+from checkmate.schedule import Schedule
+from checkmate.simulate import replay_plan, simulate
+from checkmate.tf2 import _compat
+from checkmate.tf2.lowered import LoweredGraph
+
+__all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "copy_name",
+           "IMPORT_SCOPE"]
+
+# Name scope the rewritten graph is imported under; op names in the executed graph start with it.
+IMPORT_SCOPE = "checkmate_remat"
+_COPY_SUFFIX = "__cm"
+
+
+def copy_name(op_name: str, k: int) -> str:
+    """Name of the ``k``-th computation of ``op_name`` (``k = 0`` keeps the original name)."""
+    return op_name if k == 0 else f"{op_name}{_COPY_SUFFIX}{k}"
+
+
+def _split_input(text: str) -> tuple[bool, str, str]:
+    """``"^op"`` -> (True, "op", ""); ``"op:1"`` -> (False, "op", ":1"); ``"op"`` -> (False, "op", "")."""
+    if text.startswith("^"):
+        return True, text[1:], ""
+    op, sep, idx = text.partition(":")
+    return False, op, (sep + idx) if sep else ""
+
+
+def _tensor_op(tensor_name: str) -> tuple[str, str]:
+    op, sep, idx = tensor_name.partition(":")
+    return op, idx if sep else "0"
+
+
+@dataclass(frozen=True)
+class RewrittenGraph:
+    """The rewritten GraphDef plus the bookkeeping tests and reports need."""
+
+    graph_def: Any                              # tf.compat.v1.GraphDef
+    copies: tuple[int, ...]                     # computations of each node (= R[:, i].sum())
+    copy_ops: Mapping[tuple[int, int], tuple[str, ...]]   # (node, k) -> op names of that copy
+    op_copies: int                              # ops emitted for node computations, all copies
+    output_names: tuple[str, ...]               # tensors returned: loss, then gradients
+    feed_names: tuple[str, ...]                 # placeholders fed: inputs, labels, then captures
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _check_lowered(lowered: LoweredGraph, by_name: Mapping[str, Any]) -> None:
+    graph = lowered.graph
+    if len(lowered.node_ops) != graph.n:
+        raise InvalidGraphError(f"node_ops lists {len(lowered.node_ops)} nodes; the graph has {graph.n}")
+    for i, ops in enumerate(lowered.node_ops):
+        if not ops:
+            raise InvalidGraphError(f"node {i} ({graph.nodes[i].name}) stands for no TF op")
+        for op in ops:
+            if op not in by_name:
+                raise InvalidGraphError(f"node {i} ({graph.nodes[i].name}) names op {op!r}, which is not in "
+                                        "the function's graph")
+            if lowered.op_node.get(op) != i:
+                raise InvalidGraphError(f"op {op!r} is listed under node {i} but op_node maps it to "
+                                        f"{lowered.op_node.get(op)!r}")
+    deps = [set(d) for d in graph.deps]
+    for i, ops in enumerate(lowered.node_ops):
+        for op in ops:
+            for text in by_name[op].input:
+                ctrl, src, _ = _split_input(text)
+                j = lowered.op_node.get(src)
+                if ctrl or j is None or j == i:
+                    continue
+                if j not in deps[i]:
+                    raise InvalidGraphError(
+                        f"op {op!r} (node {i}, {graph.nodes[i].name}) reads {src!r} (node {j}, "
+                        f"{graph.nodes[j].name}) but the graph has no edge {j} -> {i}")
+
+
+def _check_acyclic(nodes: Sequence[Any]) -> None:
+    """Fail here, naming an op, rather than deadlock in TF's executor.
+
+    A static op that reads a node's first copy while a node computed earlier in the plan reads that
+    static op would close a cycle through the control chain; the lowering must put such an op in a
+    node (or add the edge) instead.
+    """
+    names = {nd.name for nd in nodes}
+    preds: dict[str, set[str]] = {}
+    for nd in nodes:
+        preds[nd.name] = {_split_input(t)[1] for t in nd.input} & names
+    users: dict[str, list[str]] = {n: [] for n in names}
+    for n, ps in preds.items():
+        for p in ps:
+            users[p].append(n)
+    indegree = {n: len(ps) for n, ps in preds.items()}
+    ready = [n for n, d in indegree.items() if d == 0]
+    done = 0
+    while ready:
+        n = ready.pop()
+        done += 1
+        for u in users[n]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                ready.append(u)
+    if done != len(names):
+        stuck = sorted(n for n, d in indegree.items() if d > 0)
+        raise InvalidGraphError(
+            f"the rewritten step would deadlock: {len(stuck)} op(s) wait on each other through the plan's "
+            f"order, e.g. {stuck[:3]}; an op outside every node depends on a node and feeds another")
+
+
+def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule) -> RewrittenGraph:
+    """Emit the GraphDef that executes ``schedule.plan`` (see the module docstring)."""
+    graph = lowered.graph
+    if schedule.n != graph.n:
+        raise InvalidScheduleError(f"the schedule is for {schedule.n} nodes; the graph has {graph.n}")
+    replay_plan(graph, schedule.plan)   # raises on a plan that reads a value it has freed
+
+    source = lowered.function.graph.as_graph_def()
+    by_name = {nd.name: nd for nd in source.node}
+    _check_lowered(lowered, by_name)
+    # Copy 0 is rewired in place below; every copy is wired from the untouched original inputs.
+    original_inputs = {nd.name: tuple(nd.input) for nd in source.node}
+    op_node = lowered.op_node
+    node_ops = lowered.node_ops
+
+    taken = set(by_name)
+    out_nodes = [nd for nd in source.node]          # copy 0 of every node and all static ops, unchanged
+    position = {nd.name: pos for pos, nd in enumerate(out_nodes)}
+    copies = [0] * graph.n
+    current: dict[int, int] = {}                     # node -> index of its latest copy
+    resident: set[int] = set()
+    copy_ops: dict[tuple[int, int], tuple[str, ...]] = {}
+    prev_sinks: list[str] = []
+    warnings: list[str] = []
+    emitted = 0
+
+    for step, (action, i) in enumerate(schedule.plan):
+        if action == "free":
+            resident.discard(i)
+            continue
+        k = copies[i]
+        copies[i] += 1
+        names = {op: copy_name(op, k) for op in node_ops[i]}
+        if k > 0:
+            clash = [n for n in names.values() if n in taken]
+            if clash:
+                raise InvalidGraphError(f"cannot name the copy of op {clash[0]!r}: the name is taken")
+            taken.update(names.values())
+        members = set(node_ops[i])
+        consumed_inside: set[str] = set()
+        for op in node_ops[i]:
+            original = by_name[op]
+            if k == 0:
+                new = out_nodes[position[op]]
+            else:
+                new = tf.compat.v1.NodeDef()
+                new.CopyFrom(original)
+                new.name = names[op]
+            rewired = []
+            has_inner_input = False
+            for text in original_inputs[op]:
+                ctrl, src, suffix = _split_input(text)
+                if src in members:
+                    consumed_inside.add(src)
+                    if not ctrl:
+                        has_inner_input = True
+                    rewired.append(("^" if ctrl else "") + names[src] + suffix)
+                    continue
+                j = op_node.get(src)
+                if j is None:                        # static: run once, shared by every copy
+                    rewired.append(text)
+                    continue
+                if j not in current:
+                    raise InvalidScheduleError(
+                        f"plan step {step}: op {op!r} of node {i} depends on op {src!r} of node {j}, "
+                        "which the plan has not computed yet")
+                if not ctrl and j not in resident:
+                    raise InvalidScheduleError(
+                        f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
+                rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
+            if not has_inner_input:
+                present = {t for t in rewired if t.startswith("^")}
+                rewired.extend(f"^{s}" for s in prev_sinks if f"^{s}" not in present)
+            # data inputs first, then control inputs: GraphDef requires that order
+            data = [t for t in rewired if not t.startswith("^")]
+            ctrl_inputs = list(dict.fromkeys(t for t in rewired if t.startswith("^")))
+            del new.input[:]
+            new.input.extend(data + ctrl_inputs)
+            if k > 0:
+                out_nodes.append(new)
+            emitted += 1
+        copy_ops[(i, k)] = tuple(names[op] for op in node_ops[i])
+        prev_sinks = [names[op] for op in node_ops[i] if op not in consumed_inside]
+        current[i] = k
+        resident.add(i)
+
+    expected = schedule.recompute.sum(axis=0)
+    if not np.array_equal(np.asarray(copies), expected):
+        bad = int(np.flatnonzero(np.asarray(copies) != expected)[0])
+        raise InvalidScheduleError(f"the plan computes node {bad} {copies[bad]} times, R says {int(expected[bad])}")
+
+    def final(tensor: str) -> str:
+        op, idx = _tensor_op(tensor)
+        j = op_node.get(op)
+        return f"{op if j is None else copy_name(op, current[j])}:{idx}"
+
+    outputs = tuple(final(t) for t in (lowered.loss_tensor, *lowered.grad_tensors))
+    for t, name in zip((lowered.loss_tensor, *lowered.grad_tensors), outputs):
+        j = op_node.get(_tensor_op(t)[0])
+        if j is not None and copies[j] > 1:
+            warnings.append(f"output {t} is computed {copies[j]} times; the last copy is returned")
+
+    _check_acyclic(out_nodes)
+    result = tf.compat.v1.GraphDef()
+    result.versions.CopyFrom(source.versions)
+    result.library.CopyFrom(source.library)
+    result.node.extend(out_nodes)
+    capture_names = tuple(internal.op.name for _, internal in lowered.function.graph.captures)
+    return RewrittenGraph(
+        graph_def=result,
+        copies=tuple(copies),
+        copy_ops=copy_ops,
+        op_copies=emitted,
+        output_names=outputs,
+        feed_names=tuple(lowered.input_names) + tuple(lowered.label_names) + capture_names,
+        warnings=tuple(warnings),
+    )
+
+
+class RematFunction:
+    """The generated step: ``fn(x, y) -> (loss, [grads])`` executing one schedule's plan.
+
+    ``x`` and ``y`` may be tensors or nested structures whose flattening matches the lowered
+    function's input and label placeholders. Gradients come in ``lowered.variables`` order.
+    """
+
+    def __init__(self, lowered: LoweredGraph, schedule: Schedule, rewritten: RewrittenGraph):
+        self.lowered = lowered
+        self.schedule = schedule
+        self.rewritten = rewritten
+        fn_graph = lowered.function.graph
+        by_name = {op.name: op for op in fn_graph.get_operations()}
+        feed_ops = [by_name[n] for n in tuple(lowered.input_names) + tuple(lowered.label_names)]
+        self._specs = tuple(tf.TensorSpec(op.outputs[0].shape, op.outputs[0].dtype, name=op.name.replace("/", "_"))
+                            for op in feed_ops)
+        self._n_inputs = len(lowered.input_names)
+        self._captures = tuple(external for external, _ in fn_graph.captures)
+        self._function = self._build_function()
+        self._concrete = None
+
+    def _build_function(self):
+        graph_def = self.rewritten.graph_def
+        feeds = self.rewritten.feed_names
+        outputs = list(self.rewritten.output_names)
+        captures = self._captures
+
+        def body(*flat):
+            input_map = {f"{name}:0": t for name, t in zip(feeds, flat)}
+            for name, external in zip(feeds[len(flat):], captures):
+                # A fresh identity per capture: import_graph_def needs a tensor of this graph.
+                input_map[f"{name}:0"] = tf.identity(external)
+            results = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=outputs,
+                                                     name=IMPORT_SCOPE)
+            return tuple(results)
+
+        return tf.function(body, input_signature=self._specs, autograph=False)
+
+    # ------------------------------------------------------------------------------- calling
+    @property
+    def input_specs(self) -> tuple:
+        return self._specs
+
+    def flat_args(self, x: Any, y: Any) -> list:
+        flat = list(tf.nest.flatten(x)) + list(tf.nest.flatten(y))
+        if len(flat) != len(self._specs):
+            raise ValueError(f"the step takes {self._n_inputs} input and {len(self._specs) - self._n_inputs} label "
+                             f"tensor(s); got {len(flat)} in all")
+        return flat
+
+    @property
+    def concrete_function(self):
+        """The generated ``ConcreteFunction`` over the flat inputs (for nesting in other functions)."""
+        if self._concrete is None:
+            with _compat.grappler_disabled():
+                self._concrete = self._function.get_concrete_function()
+        return self._concrete
+
+    def call_flat(self, *flat):
+        """Call with flat tensors. Inside another ``tf.function`` this nests the generated function;
+        the caller must then run under :func:`checkmate.tf2._compat.grappler_disabled` itself."""
+        if tf.executing_eagerly():
+            with _compat.grappler_disabled():
+                return self.concrete_function(*flat)
+        return self.concrete_function(*flat)
+
+    def __call__(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        out = self.call_flat(*self.flat_args(x, y))
+        return out[0], list(out[1:])
+
+    # ------------------------------------------------------------------------------- reports
+    @property
+    def graph_def(self):
+        return self.rewritten.graph_def
+
+    @property
+    def op_copies(self) -> int:
+        """Ops emitted for node computations (every copy of every node's ops)."""
+        return self.rewritten.op_copies
+
+    def expected_op_copies(self) -> int:
+        """What the schedule asks for: sum over nodes of (computations x ops per node)."""
+        per_node = np.array([len(ops) for ops in self.lowered.node_ops])
+        return int((self.schedule.recompute.sum(axis=0) * per_node).sum())
+
+    def predicted_peak_bytes(self) -> int:
+        return simulate(self.lowered.graph, self.schedule).peak_memory_bytes
+
+    def executed_op_counts(self, x: Any, y: Any) -> dict[str, int]:
+        """Run once and count, per original op of a node, how many copies the runtime executed.
+
+        Reads the post-optimization graph that TF actually ran (after inlining, Grappler and CSE), so
+        a recomputation merged away by the runtime shows up as a missing copy.
+        """
+        flat = self.flat_args(x, y)
+        # TF reports the executed graphs only when a function is instantiated: run a fresh
+        # instance of the same GraphDef, under the same settings as every call.
+        fresh = self._build_function()
+
+        def run():
+            with _compat.grappler_disabled():
+                return fresh(*flat)
+
+        graphs = _compat.executed_graph_defs(run)
+        pattern = re.compile(r"^(?:.*/)?" + re.escape(IMPORT_SCOPE) + r"/(.*?)(?:" + _COPY_SUFFIX + r"\d+)?$")
+        known = set(self.lowered.op_node)
+        counts: dict[str, int] = {}
+        seen: set[str] = set()
+        for gdef in graphs:
+            for nd in gdef.node:
+                if nd.name in seen:
+                    continue
+                m = pattern.match(nd.name)
+                if m and m.group(1) in known:
+                    seen.add(nd.name)
+                    counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        return counts
+
+
+def generate(lowered: LoweredGraph, schedule: Schedule) -> RematFunction:
+    """Build the rematerializing step for ``schedule`` (which must be valid for ``lowered.graph``)."""
+    return RematFunction(lowered, schedule, rewrite_graph_def(lowered, schedule))

@@ -1,0 +1,117 @@
+"""Measuring the peak memory of one step on the current device, from the allocator's own statistics.
+
+``measure_peak_memory(fn, *args)`` runs ``fn`` once to warm up (tracing, instantiation and the
+first-call allocations of kernels are not the step's memory), drops that call's outputs, resets the
+device allocator's peak statistic and runs ``fn`` again. The result is the allocator's peak during
+that call minus what was allocated when it started: the step's own working memory (activations,
+gradients, temporaries), excluding the parameters, optimizer state and inputs that were resident
+before the call, and excluding the previous call's outputs.
+
+TF 2.21 keeps these statistics for CPU (oneDNN/BFC allocators) and GPU (BFC) through the public
+``tf.config.experimental.get_memory_info`` / ``reset_memory_stats`` (DESIGN §6).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import tensorflow as tf
+
+__all__ = ["measure_peak_memory", "PeakMeasurement", "measure_step", "default_device",
+           "available_device_memory"]
+
+
+def default_device() -> str:
+    """``"GPU:0"`` when TF sees a GPU, else ``"CPU:0"``: where a step without placement runs."""
+    return "GPU:0" if tf.config.list_logical_devices("GPU") else "CPU:0"
+
+
+@dataclass(frozen=True)
+class PeakMeasurement:
+    device: str
+    peak_bytes: int            # allocator peak during the call minus bytes in use when it started
+    baseline_bytes: int        # bytes in use when the measured call started
+    absolute_peak_bytes: int   # the allocator's own peak statistic (baseline included)
+
+
+def _drop(outputs: Any) -> None:
+    del outputs
+    gc.collect()
+
+
+def measure_step(fn: Callable[..., Any], *args: Any, device: str | None = None, warmup: int = 1,
+                 repeats: int = 1) -> PeakMeasurement:
+    """Measure ``fn(*args)``; with ``repeats > 1`` the largest of the measured peaks is kept."""
+    device = device or default_device()
+    for _ in range(warmup):
+        _drop(fn(*args))
+    best: PeakMeasurement | None = None
+    for _ in range(max(1, repeats)):
+        gc.collect()
+        tf.config.experimental.reset_memory_stats(device)
+        baseline = int(tf.config.experimental.get_memory_info(device)["current"])
+        outputs = fn(*args)
+        peak = int(tf.config.experimental.get_memory_info(device)["peak"])
+        _drop(outputs)
+        m = PeakMeasurement(device, max(0, peak - baseline), baseline, peak)
+        if best is None or m.peak_bytes > best.peak_bytes:
+            best = m
+    assert best is not None
+    return best
+
+
+def measure_peak_memory(fn: Callable[..., Any], *args: Any, device: str | None = None, warmup: int = 1,
+                        repeats: int = 1) -> int:
+    """Peak bytes the device allocator handed out while ``fn(*args)`` ran, above what was in use
+    before the call (see the module docstring)."""
+    return measure_step(fn, *args, device=device, warmup=warmup, repeats=repeats).peak_bytes
+
+
+# Allocator fragmentation, kernel workspaces (cuDNN) and the CUDA context are not visible to the
+# driver's "free" figure; leave this share of the GPU out of an automatic budget.
+_GPU_SAFETY_FRACTION = 0.9
+
+
+def _gpu_total_bytes(index: int) -> int | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe, "--query-gpu=memory.total", "--format=csv,noheader,nounits", f"--id={index}"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return int(float(out.strip().splitlines()[0])) * 2**20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _cpu_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+
+
+def available_device_memory(device: str | None = None) -> int:
+    """Bytes a step may use on ``device``: the budget ``"auto"`` resolves to.
+
+    CPU: the kernel's ``MemAvailable`` (free plus reclaimable memory). GPU: TF reserves the GPU for
+    its own allocator, so the driver's free figure is meaningless once TF runs; the device's total
+    memory (nvidia-smi) times a safety fraction, minus what TF has allocated now, is used instead.
+    """
+    device = device or default_device()
+    if device.upper().startswith("GPU"):
+        index = int(device.split(":")[1]) if ":" in device else 0
+        total = _gpu_total_bytes(index)
+        if total is not None:
+            in_use = int(tf.config.experimental.get_memory_info(device)["current"])
+            return max(0, int(total * _GPU_SAFETY_FRACTION) - in_use)
+    return _cpu_available_bytes()
