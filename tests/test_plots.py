@@ -83,7 +83,7 @@ def _row(strategy, budget, cost, feasible=True, bound=None):
     return SweepRow(graph="g", strategy=strategy, budget_bytes=budget, feasible=feasible,
                     compute_cost=cost if feasible else None, baseline_cost=10.0,
                     overhead=(cost / 10.0) if feasible else None, peak_memory_bytes=budget if feasible else None,
-                    lower_bound=bound, gap=None, solve_seconds=0.1, optimal=True, status="ok")
+                    lower_bound=bound, best_lower_bound=bound, gap=None, solve_seconds=0.1, optimal=True, status="ok")
 
 
 def test_plot_budget_sweep_from_rows(tmp_path):

@@ -111,7 +111,8 @@ def test_files_round_trip(tmp_path):
 
 def test_check_consistency_flags_a_violation():
     def row(strategy, budget, cost, optimal=True):
-        return SweepRow("g", strategy, budget, True, cost, 10.0, cost / 10, budget, None, None, 0.0, optimal, "ok")
+        return SweepRow("g", strategy, budget, True, cost, 10.0, cost / 10, budget, None, None, None, 0.0, optimal,
+                        "ok")
 
     good = [row("checkmate_milp", 1, 12.0), row("checkmate_milp", 2, 11.0), row("chen_sqrtn", 1, 13.0)]
     assert check_consistency(good) == []

@@ -7,9 +7,9 @@ Each (strategy, budget) solve is independent, so they run in parallel (:mod:`.ex
 Strategies that ignore the budget (checkpoint-all, Chen sqrt(n), ...) produce the same schedule at
 every budget: they are solved once and their row at each budget says whether that schedule fits.
 
-Every row also carries the best proven lower bound on the compute cost at its budget (from the MILP
-or the LP relaxation, whichever strategies of the sweep report one), and the gap of the row's cost to
-it, so that a baseline's distance from optimal can be read off the same table.
+Every row carries the strategy's own lower bound (if it proves one) and the best lower bound that any
+strategy of the sweep proved at its budget (the MILP's or the LP relaxation's), with the gap of the
+row's cost to the latter, so a baseline's distance from optimal can be read off the same table.
 """
 
 from __future__ import annotations
@@ -54,8 +54,9 @@ class SweepRow:
     baseline_cost: float
     overhead: float | None         # compute_cost / baseline_cost
     peak_memory_bytes: int | None
-    lower_bound: float | None      # best proven bound on any schedule's cost at this budget
-    gap: float | None              # (compute_cost - lower_bound) / compute_cost
+    lower_bound: float | None      # the strategy's own proven bound on the optimal cost, if it gives one
+    best_lower_bound: float | None  # the best bound any strategy of the sweep proved at this budget
+    gap: float | None              # (compute_cost - best_lower_bound) / compute_cost
     solve_seconds: float | None
     optimal: bool
     status: str
@@ -300,7 +301,8 @@ def _finish_rows(graph: Graph, raw: list[dict]) -> list[SweepRow]:
         bound = best_bound.get(row["budget_bytes"])
         own = row.get("lower_bound")
         if own is not None:
-            bound = max(float(own), bound) if bound is not None else float(own)
+            own = float(own)
+            bound = max(own, bound) if bound is not None else own
         gap = None
         if cost is not None and bound is not None:
             gap = 0.0 if cost <= 0 else max(0.0, (cost - bound) / cost)
@@ -308,7 +310,7 @@ def _finish_rows(graph: Graph, raw: list[dict]) -> list[SweepRow]:
             graph=graph.name, strategy=row["strategy"], budget_bytes=int(row["budget_bytes"]),
             feasible=row["feasible"], compute_cost=cost, baseline_cost=total,
             overhead=(cost / total) if (cost is not None and total > 0) else None,
-            peak_memory_bytes=row["peak_memory_bytes"], lower_bound=bound, gap=gap,
+            peak_memory_bytes=row["peak_memory_bytes"], lower_bound=own, best_lower_bound=bound, gap=gap,
             solve_seconds=row["solve_seconds"], optimal=bool(row["optimal"]), status=str(row["status"]),
             solver=row.get("solver"), min_feasible_budget_bytes=row.get("min_feasible_budget_bytes")))
     return rows
@@ -330,9 +332,9 @@ def check_consistency(rows: Iterable[SweepRow], *, exact: str = EXACT_STRATEGY, 
     for r in rows:
         if r.compute_cost is None or not r.feasible:
             continue
-        if r.lower_bound is not None and r.compute_cost < r.lower_bound * (1 - slack) - 1e-12:
+        if r.best_lower_bound is not None and r.compute_cost < r.best_lower_bound * (1 - slack) - 1e-12:
             problems.append(f"{r.strategy} at {r.budget_bytes} B costs {r.compute_cost:.6g}, below the proven "
-                            f"lower bound {r.lower_bound:.6g}")
+                            f"lower bound {r.best_lower_bound:.6g}")
         e = exact_rows.get(r.budget_bytes)
         if e is not None and e.optimal and r.strategy != exact and e.compute_cost > r.compute_cost * (1 + slack):
             problems.append(f"{exact} at {r.budget_bytes} B costs {e.compute_cost:.6g}, more than "
@@ -385,7 +387,8 @@ def _parse_csv_field(name: str, text: str) -> Any:
         return text == "True"
     if name in ("budget_bytes", "peak_memory_bytes", "min_feasible_budget_bytes"):
         return int(text)
-    if name in ("compute_cost", "baseline_cost", "overhead", "lower_bound", "gap", "solve_seconds"):
+    if name in ("compute_cost", "baseline_cost", "overhead", "lower_bound", "best_lower_bound", "gap",
+                "solve_seconds"):
         return float(text)
     return text
 
