@@ -20,7 +20,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
     from checkmate.schedule import Schedule
 
-__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "cli_plot"]
+__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label",
+           "cli_plot"]
 
 # Display names and a stable colour/marker per strategy, so every figure reads the same way.
 _LABELS = {
@@ -68,7 +69,7 @@ def byte_unit(max_bytes: float) -> tuple[str, float]:
     return "B", 1.0
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -77,7 +78,7 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path: str | os.PathLike, dpi: int) -> Path:
+def save_figure(fig, path: str | os.PathLike, dpi: int) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi, bbox_inches="tight")
@@ -114,7 +115,7 @@ def plot_budget_sweep(result: "SweepResult | Sequence[SweepRow]", path: str | os
     if not rows:
         raise InvalidArgumentError("nothing to plot: the sweep has no rows")
 
-    plt = _pyplot()
+    plt = pyplot()
     own_figure = ax is None
     if own_figure:
         fig, ax = plt.subplots(figsize=(7.0, 4.2))
@@ -161,7 +162,7 @@ def plot_budget_sweep(result: "SweepResult | Sequence[SweepRow]", path: str | os
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
     if own_figure:
-        out = _save(fig, path, dpi)
+        out = save_figure(fig, path, dpi)
         plt.close(fig)
         return out
     return None
@@ -179,7 +180,7 @@ def plot_schedule(graph: "Graph", schedule: "Schedule", path: str | os.PathLike,
     if schedule.recompute.shape != (graph.n, graph.n):
         raise InvalidArgumentError(f"the schedule is for {schedule.recompute.shape[0]} nodes, the graph has {graph.n}")
     sim = simulate(graph, schedule)
-    plt = _pyplot()
+    plt = pyplot()
     fig = plt.figure(figsize=(10.0, 8.0))
     grid = fig.add_gridspec(2, 2, height_ratios=[1.25, 1.0], hspace=0.32, wspace=0.18)
     ax_r, ax_s = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[0, 1])
@@ -235,7 +236,7 @@ def plot_schedule(graph: "Graph", schedule: "Schedule", path: str | os.PathLike,
     ax_m.legend(fontsize=7, loc="upper left")
     heading = title or f"{graph.name}: {schedule.strategy or 'schedule'}"
     fig.suptitle(heading, fontsize=11)
-    out = _save(fig, path, dpi)
+    out = save_figure(fig, path, dpi)
     plt.close(fig)
     return out
 
@@ -247,7 +248,7 @@ def plot_max_batch(results: Sequence[dict], path: str | os.PathLike, *, title: s
 
     ``results`` are dicts with ``model``, ``strategy`` and ``max_batch_size`` (None or 0: nothing fits).
     """
-    plt = _pyplot()
+    plt = pyplot()
     models = list(dict.fromkeys(r["model"] for r in results))
     strategies = list(dict.fromkeys(r["strategy"] for r in results))
     value = {(r["model"], r["strategy"]): (r.get("max_batch_size") or 0) for r in results}
@@ -267,7 +268,7 @@ def plot_max_batch(results: Sequence[dict], path: str | os.PathLike, *, title: s
     ax.set_title(title)
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7)
-    out = _save(fig, path, dpi)
+    out = save_figure(fig, path, dpi)
     plt.close(fig)
     return out
 
