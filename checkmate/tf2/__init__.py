@@ -1,0 +1,31 @@
+"""TensorFlow 2 front end: lowering Keras training steps, profiling, code generation, the model zoo.
+
+Importing this package imports TensorFlow; the submodules load on first use of their names.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from checkmate.tf2.lowered import LoweredGraph
+
+__all__ = ["LoweredGraph", "lower", "zoo", "build_model", "lowering", "profiling"]
+
+# Public name -> (module, attribute or None for the module itself).
+_LAZY = {
+    "lower": ("checkmate.tf2.lowering", "lower"),
+    "lowering": ("checkmate.tf2.lowering", None),
+    "profiling": ("checkmate.tf2.profiling", None),
+    "zoo": ("checkmate.tf2.zoo", None),
+    "build_model": ("checkmate.tf2.zoo", "build_model"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'checkmate.tf2' has no attribute {name!r}")
+    module_name, attr = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value
+    return value

@@ -1,0 +1,787 @@
+"""Keras model -> traced training step -> the solver's :class:`~checkmate.graph.Graph` (DESIGN §1, §6).
+
+:func:`lower` traces one training step, ``(x, y) -> (loss, *grads)``, as a ``tf.function`` with
+fixed-batch ``TensorSpec``\\ s, so that every tensor has a static shape, and classifies every op of the
+resulting FuncGraph:
+
+* **static** ops run once and are never recomputed; their outputs are not activations. They are the
+  placeholders (batch, labels, captured variable handles), constants, and every stateless op whose
+  data *and control* inputs are all static (shape arithmetic, reads of variables the step never
+  assigns and arithmetic on them). The final ``Identity`` ops of the function's outputs and the
+  ``NoOp`` that collects its side effects are static too ("terminal": created by ``tf.function``
+  after the step returns). Reads of unassigned variables are static even though TF marks
+  ``ReadVariableOp`` stateful: re-reading an unchanged variable is harmless.
+* every other op belongs to exactly one graph **node**. Its data outputs are activations.
+* **dead** ops, which no output or side effect depends on (Conv2D's gradient computes the gradient
+  w.r.t. the batch although nothing uses it), are in no node: TF prunes them when it instantiates the
+  function. They are listed in ``metadata["dead_ops"]``.
+
+Forward/backward: ops created while ``tape.gradient`` runs are backward, the others forward. This is
+a reachability split in the sense that matters: no forward op depends on a backward op (checked), and
+every op on the path from the gradient seed to the gradients is backward. A pure "descendant of the
+seed" rule would call forward the ops that the gradient code adds on forward values only (the ``Neg``
+of the loss sum in ``div_no_nan``'s gradient, BN's recomputed ``x - mean``), although they run, and
+are only needed, in the backward pass.
+
+Recomputability: a node is ``recomputable=False`` when one of its ops reads a variable the step
+assigns (the copy would read the updated value), is stateful (assigns, stateful random ops, anything
+TF registers as stateful other than reads of unassigned variables), or is an opaque call/loop.
+
+**Op level** (``level="op"``): one node per op that produces data, plus one node per side-effecting
+op without outputs (``AssignVariableOp``: ``mem = 0``, never recomputable), so that it runs exactly
+once, in order. A multi-output op is one node whose ``mem`` is the sum of the bytes of *all* its
+outputs (each output is allocated when the op runs, whether or not it is used later).
+``mem`` is the static size of the outputs, ``num_elements * dtype.size``.
+
+**Layer level** (``level="layer"``, the paper's granularity): the ops of each top-level Keras layer
+call form one forward node, and the gradient ops of that layer one backward node (the loss function
+is a layer of its own, named ``loss``). Ops are attributed to layers by recording which ops each
+layer call creates while tracing; gradient ops by the forward op whose name scope they carry; ops
+left over (gradient sums ``AddN``, casts Keras inserts outside ``call``) by their consumers, else
+their producers. A layer whose forward ops mix recomputable and non-recomputable ops (BatchNorm's
+moving-average update, Dropout's seed variable) is split into a recomputable node and a
+``<layer>:state`` node holding the non-recomputable ops (plus the stateless ops that only feed them),
+so that the layer's activations stay recomputable. A layer node's ``mem`` is the bytes of the
+tensors it produces that are used outside it (by other nodes, or as function outputs); tensors
+consumed only inside the node are transient. Their extra peak while the node runs is reported per
+node in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's peak footprint).
+
+``fixed_mem`` is the bytes of every variable the step captures plus the batch (features and labels):
+always resident, never rematerializable.
+
+Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
+non-recomputable node, with a warning (its internal memory is not modelled). Tensors that cannot be
+sized (variant tensors such as TensorLists of a ``While`` loop, unknown shapes, strings) raise
+:class:`~checkmate.errors.UnsupportedOpError` naming the op.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import networkx as nx
+import numpy as np
+import tensorflow as tf
+
+from checkmate.errors import InvalidArgumentError, UnsupportedOpError
+from checkmate.graph import Graph, Node, save_graph
+from checkmate.tf2 import _compat
+from checkmate.tf2.lowered import LoweredGraph
+
+__all__ = ["lower", "trace_step", "LEVELS", "cli_extract"]
+
+LEVELS = ("op", "layer")
+COST_MODELS = ("flops", "profile")
+
+# Ops that read a resource without changing it: static when the resource is never written.
+_RESOURCE_READ_TYPES = frozenset({
+    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp",
+})
+# Ops that create resource handles (sources of resource tensors).
+_RESOURCE_SOURCE_TYPES = frozenset({"Placeholder", "VarHandleOp", "_Arg"})
+# Ops whose body is a function or a loop: checkmate cannot split or size their internals.
+_OPAQUE_TYPES = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
+    "StatefulPartitionedCall", "RemoteCall", "For", "SymbolicGradient",
+})
+# Ops that pass their input resource handle through (used to find which variable an op touches).
+_PASSTHROUGH_TYPES = frozenset({"Identity", "IdentityN"})
+
+
+# ------------------------------------------------------------------------------------------ trace
+@dataclass
+class TracedStep:
+    """The traced step and what was recorded while tracing it."""
+
+    function: Any
+    loss_tensor: str
+    grad_tensors: tuple[str, ...]
+    input_names: tuple[str, ...]
+    label_names: tuple[str, ...]
+    variables: tuple[Any, ...]
+    model_start: int
+    loss_start: int
+    grad_start: int
+    terminal_start: int
+    # (layer name, first op index, end op index) of every call of a top-level layer
+    layer_calls: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def _as_specs(spec: Any, what: str) -> Any:
+    """Normalise ``spec`` (a TensorSpec, a shape tuple, or a nest of them) and require static shapes."""
+    def convert(s):
+        if isinstance(s, tf.TensorSpec):
+            out = s
+        elif isinstance(s, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in s):
+            out = tf.TensorSpec(tuple(int(d) for d in s), tf.float32)
+        elif hasattr(s, "shape") and hasattr(s, "dtype"):
+            out = tf.TensorSpec(s.shape, s.dtype)
+        else:
+            raise InvalidArgumentError(f"{what}: expected a tf.TensorSpec, got {s!r}")
+        if not out.shape.is_fully_defined():
+            raise InvalidArgumentError(
+                f"{what} {out} must have a fixed shape, batch size included (e.g. TensorSpec((32, 224, 224, 3)))")
+        return out
+
+    if isinstance(spec, (tuple, list)) and spec and all(isinstance(d, (int, np.integer)) for d in spec):
+        return convert(spec)
+    return tf.nest.map_structure(convert, spec)
+
+
+def _resolve_loss(loss: Any) -> Callable:
+    if callable(loss):
+        return loss
+    try:
+        import keras
+
+        return keras.losses.get(loss)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"unknown loss {loss!r}: {exc}") from None
+
+
+def _scalar_loss(value: Any) -> tf.Tensor:
+    value = tf.convert_to_tensor(value)
+    if value.shape.rank != 0:
+        value = tf.reduce_mean(value)
+    return value
+
+
+def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> TracedStep:
+    """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges."""
+    input_spec = _as_specs(input_spec, "input_spec")
+    label_spec = _as_specs(label_spec, "label_spec")
+    loss_fn = _resolve_loss(loss)
+    if not getattr(model, "built", True):
+        model.build(tf.nest.map_structure(lambda s: s.shape, input_spec))
+    variables = tuple(model.trainable_variables)
+    if not variables:
+        raise InvalidArgumentError("the model has no trainable variables: there is no gradient to lower")
+    marks: dict[str, Any] = {}
+    calls: list[tuple[str, int, int]] = []
+
+    def step(x, y):
+        marks["model_start"] = _compat.current_graph_op_count()
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            marks["loss_start"] = _compat.current_graph_op_count()
+            value = _scalar_loss(loss_fn(y, pred))
+            extra = list(getattr(model, "losses", []) or [])
+            if extra:
+                value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
+        marks["grad_start"] = _compat.current_graph_op_count()
+        grads = tape.gradient(value, list(variables), unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        # Sparse gradients (embeddings) are densified so that the step returns one tensor per variable.
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        marks["loss"] = value.name
+        marks["grads"] = tuple(g.name for g in grads)
+        marks["terminal_start"] = _compat.current_graph_op_count()
+        return (value, *grads)
+
+    with _watch_layer_calls(model, calls):
+        function = tf.function(step).get_concrete_function(input_spec, label_spec)
+
+    n_in = len(tf.nest.flatten(input_spec))
+    n_lab = len(tf.nest.flatten(label_spec))
+    flat_inputs = function.inputs[: n_in + n_lab]
+    return TracedStep(
+        function=function,
+        loss_tensor=marks["loss"],
+        grad_tensors=marks["grads"],
+        input_names=tuple(t.op.name for t in flat_inputs[:n_in]),
+        label_names=tuple(t.op.name for t in flat_inputs[n_in:]),
+        variables=variables,
+        model_start=marks["model_start"],
+        loss_start=marks["loss_start"],
+        grad_start=marks["grad_start"],
+        terminal_start=marks["terminal_start"],
+        layer_calls=calls,
+    )
+
+
+class _watch_layer_calls:
+    """Record, while tracing, which ops each top-level layer call creates.
+
+    Wraps the public ``call`` method of each top-level layer with an instance attribute (Keras 3
+    invokes ``self.call``), and removes the wrappers on exit.
+    """
+
+    def __init__(self, model: Any, calls: list):
+        self.model = model
+        self.calls = calls
+        self.layers: list = []
+
+    def __enter__(self):
+        for layer in getattr(self.model, "layers", []) or []:
+            if "call" in vars(layer):
+                continue
+            original = layer.call
+
+            def wrapped(*args, __original=original, __name=layer.name, **kwargs):
+                start = _compat.current_graph_op_count()
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    self.calls.append((__name, start, _compat.current_graph_op_count()))
+
+            object.__setattr__(layer, "call", wrapped)
+            self.layers.append(layer)
+        return self
+
+    def __exit__(self, *exc):
+        for layer in self.layers:
+            vars(layer).pop("call", None)
+        return False
+
+
+# ------------------------------------------------------------------------------------------ ops
+def _tensor_bytes(t: tf.Tensor) -> int | None:
+    """Static size of ``t`` in bytes, or None when it cannot be known (variant, unknown shape, string)."""
+    dtype = t.dtype
+    if dtype in (tf.variant, tf.resource, tf.string) or not t.shape.is_fully_defined():
+        return None
+    return int(t.shape.num_elements()) * int(dtype.size)
+
+
+def _describe_unsizeable(t: tf.Tensor) -> str:
+    if t.dtype == tf.variant:
+        return f"output {t.name} is a variant tensor (a TensorList of a loop or similar)"
+    if t.dtype == tf.resource:
+        return f"output {t.name} is a resource handle"
+    if t.dtype == tf.string:
+        return f"output {t.name} is a string tensor"
+    return f"output {t.name} has a dynamic shape {t.shape}"
+
+
+@dataclass
+class OpInfo:
+    op: Any
+    index: int
+    static: bool
+    backward: bool = False
+    recomputable: bool = True
+    opaque: bool = False
+    bytes: int = 0
+    out_bytes: tuple[int, ...] = ()
+    dead: bool = False  # never runs: TF prunes it (static for the contract, listed in metadata)
+
+
+def _resource_source(t: tf.Tensor) -> str:
+    """Name of the op that created the resource ``t`` (following Identity pass-throughs)."""
+    seen = 0
+    while t.op.type in _PASSTHROUGH_TYPES and t.op.inputs and seen < 64:
+        t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+        seen += 1
+    return t.op.name
+
+
+def _is_opaque(op) -> bool:
+    if op.type in _OPAQUE_TYPES:
+        return True
+    try:
+        return any(op.node_def.attr[a].HasField("func") for a in op.node_def.attr)
+    except Exception:  # noqa: BLE001 - unusual NodeDefs are simply not opaque
+        return False
+
+
+def classify_ops(traced: TracedStep) -> list[OpInfo]:
+    """Classify every op of the traced step (static or not, backward, recomputable, bytes)."""
+    graph = traced.function.graph
+    ops = graph.get_operations()
+    batch_ops = set(traced.input_names) | set(traced.label_names)
+
+    # Resources written by the step: inputs of any stateful op that is not a pure read.
+    written: set[str] = set()
+    for op in ops:
+        if op.type in _RESOURCE_READ_TYPES or op.type in _RESOURCE_SOURCE_TYPES:
+            continue
+        if not _compat.op_is_stateful(op):
+            continue
+        for t in op.inputs:
+            if t.dtype == tf.resource:
+                written.add(_resource_source(t))
+
+    # Live ops: ancestors of the function's outputs and of its side-effect collector. TF prunes the
+    # rest when it instantiates the function (e.g. the gradient of a first convolution w.r.t. the
+    # batch, which Conv2D's gradient computes although nothing uses it).
+    live: set[str] = set()
+    stack = [op for op in ops[traced.terminal_start:]]
+    while stack:
+        op = stack.pop()
+        if op.name in live:
+            continue
+        live.add(op.name)
+        stack.extend(t.op for t in op.inputs)
+        stack.extend(op.control_inputs)
+
+    infos: list[OpInfo] = []
+    by_name: dict[str, OpInfo] = {}
+    for index, op in enumerate(ops):
+        info = OpInfo(op=op, index=index, static=True)
+        by_name[op.name] = info
+        infos.append(info)
+        if index >= traced.terminal_start:
+            continue  # the function's output identities and side-effect collector
+        if op.name not in live:
+            info.dead = True
+            continue
+        if op.name in batch_ops or op.type in _RESOURCE_SOURCE_TYPES:
+            continue
+        depends = any(
+            (t.op.name in batch_ops) or not by_name[t.op.name].static for t in op.inputs
+        ) or any(not by_name[c.name].static for c in op.control_inputs)
+        reads_written = (op.type in _RESOURCE_READ_TYPES
+                         and any(t.dtype == tf.resource and _resource_source(t) in written for t in op.inputs))
+        harmless_read = op.type in _RESOURCE_READ_TYPES and not reads_written
+        stateful = _compat.op_is_stateful(op) and not harmless_read
+        opaque = _is_opaque(op)
+        if not (depends or reads_written or stateful):
+            continue
+        info.static = False
+        info.opaque = opaque
+        info.recomputable = not (reads_written or stateful or opaque)
+        info.backward = index >= traced.grad_start
+        sizes = []
+        for t in op.outputs:
+            size = _tensor_bytes(t)
+            if size is None:
+                raise UnsupportedOpError(
+                    f"cannot size op {op.name!r} ({op.type}): {_describe_unsizeable(t)}; "
+                    + _unsizeable_hint(op, ops))
+            sizes.append(size)
+        info.out_bytes = tuple(sizes)
+        info.bytes = int(sum(sizes))
+
+    for info in infos:
+        if info.static or info.backward:
+            continue
+        for t in info.op.inputs:
+            src = by_name[t.op.name]
+            if not src.static and src.backward:
+                raise UnsupportedOpError(
+                    f"op {info.op.name!r} ({info.op.type}) runs before the gradient but reads "
+                    f"{t.name}, which the gradient computation produces")
+    return infos
+
+
+def _unsizeable_hint(op, ops) -> str:
+    loops = [o for o in ops if o.type in ("While", "StatelessWhile")]
+    if loops:
+        return (f"the step contains the loop {loops[0].name!r} ({loops[0].type}), whose TensorList "
+                "accumulators cannot be sized; loops (RNN layers) are not supported")
+    return "checkmate needs every activation to have a static size (use fixed-shape input specs)"
+
+
+def _warn_opaque(infos: Sequence[OpInfo], warn: list[str]) -> None:
+    for info in infos:
+        if info.opaque and not info.static:
+            message = (f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
+                       "non-recomputable node and its internal memory is not modelled")
+            warn.append(message)
+            warnings.warn(message, UserWarning, stacklevel=3)
+
+
+# ------------------------------------------------------------------------------------------ grouping
+@dataclass
+class _Group:
+    name: str
+    ops: list[int]  # op indices, creation (topological) order
+    backward: bool
+    recomputable: bool
+    layer: str | None = None
+
+
+def _op_groups(infos: Sequence[OpInfo]) -> list[_Group]:
+    groups = []
+    for info in infos:
+        if info.static:
+            continue
+        groups.append(_Group(info.op.name, [info.index], info.backward, info.recomputable))
+    return groups
+
+
+def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo]) -> dict[int, str]:
+    """Attribute every non-static op to a layer name (the loss function counts as layer ``loss``)."""
+    layer: dict[int, str] = {}
+    # Forward: innermost recorded call containing the op (calls are appended on exit, so a call
+    # nested in another is listed first; sorting by length picks the innermost).
+    spans = sorted(traced.layer_calls, key=lambda c: c[2] - c[1])
+    for info in infos:
+        if info.static:
+            continue
+        i = info.index
+        if i < traced.loss_start:
+            for name, start, end in spans:
+                if start <= i < end:
+                    layer[i] = name
+                    break
+        elif i < traced.grad_start:
+            layer[i] = LOSS_LAYER
+
+    # Backward: the forward op (or scope) whose name the gradient op carries.
+    scope_layer: dict[str, str | None] = {}
+    for info in infos:
+        i = info.index
+        if i >= traced.grad_start:
+            break
+        name = layer.get(i)
+        if name is None:
+            if info.static and traced.model_start <= i < traced.grad_start:
+                name = _span_of(i, spans, traced)
+            if name is None:
+                continue
+        parts = info.op.name.split("/")
+        for k in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:k])
+            if prefix in scope_layer and scope_layer[prefix] != name:
+                scope_layer[prefix] = None  # ambiguous (an enclosing scope such as the model's)
+            else:
+                scope_layer[prefix] = name
+    for info in infos:
+        i = info.index
+        if info.static or i < traced.grad_start:
+            continue
+        parts = info.op.name.split("/")
+        if parts[0].startswith("gradient_tape"):
+            parts = parts[1:]
+        for k in range(len(parts), 0, -1):
+            hit = scope_layer.get("/".join(parts[:k]))
+            if hit:
+                layer[i] = hit
+                break
+
+    # Leftovers: the layer of a consumer in the same direction, else of a producer.
+    by_name = {info.op.name: info for info in infos}
+    consumers: dict[int, list[int]] = {}
+    for info in infos:
+        if info.static:
+            continue
+        for t in info.op.inputs:
+            src = by_name[t.op.name]
+            if not src.static:
+                consumers.setdefault(src.index, []).append(info.index)
+        for c in info.op.control_inputs:
+            src = by_name[c.name]
+            if not src.static:
+                consumers.setdefault(src.index, []).append(info.index)
+    for info in reversed(infos):
+        i = info.index
+        if info.static or i in layer:
+            continue
+        for j in sorted(consumers.get(i, ())):
+            if infos[j].backward == info.backward and j in layer:
+                layer[i] = layer[j]
+                break
+    for info in infos:
+        i = info.index
+        if info.static or i in layer:
+            continue
+        producers = [by_name[t.op.name].index for t in info.op.inputs] + \
+                    [by_name[c.name].index for c in info.op.control_inputs]
+        for j in sorted(producers, reverse=True):
+            if j in layer and infos[j].backward == info.backward:
+                layer[i] = layer[j]
+                break
+        else:
+            layer[i] = LOSS_LAYER if info.backward or i >= traced.loss_start else _UNATTRIBUTED
+    return layer
+
+
+LOSS_LAYER = "loss"
+_UNATTRIBUTED = "model"
+
+
+def _span_of(i: int, spans, traced) -> str | None:
+    for name, start, end in spans:
+        if start <= i < end:
+            return name
+    if traced.loss_start <= i < traced.grad_start:
+        return LOSS_LAYER
+    return None
+
+
+def _split_by_recomputability(ops: list[int], infos: Sequence[OpInfo]) -> list[tuple[list[int], bool]]:
+    """Split one layer's ops into parts that are each all-recomputable or not, with no cycle between them.
+
+    Stateless ops that only feed non-recomputable ops (BatchNorm's moving-average arithmetic, Dropout's
+    seed increment) join them. Then each op gets the smallest rank >= its in-layer inputs' ranks whose
+    parity encodes its kind (even: recomputable); ops of equal rank form a part, and parts of the same
+    kind are merged whenever that keeps the parts acyclic.
+    """
+    recomputable = {i: infos[i].recomputable for i in ops}
+    if all(recomputable.values()) or not any(recomputable.values()):
+        return [(list(ops), all(recomputable.values()))]
+    by_name = {infos[i].op.name: i for i in ops}
+    inside_inputs: dict[int, list[int]] = {}
+    users: dict[int, list[int]] = {i: [] for i in ops}
+    for i in ops:
+        op = infos[i].op
+        srcs = [by_name[t.op.name] for t in op.inputs if t.op.name in by_name]
+        srcs += [by_name[c.name] for c in op.control_inputs if c.name in by_name]
+        inside_inputs[i] = srcs
+        for s in srcs:
+            users[s].append(i)
+    # Absorb state-only feeders (reverse topological order so chains are absorbed whole).
+    outside_users = _outside_users(ops, infos)
+    for i in reversed(ops):
+        if recomputable[i] and users[i] and not outside_users.get(i) and \
+                all(not recomputable[u] for u in users[i]):
+            recomputable[i] = False
+    rank: dict[int, int] = {}
+    for i in ops:
+        base = max((rank[s] for s in inside_inputs[i]), default=0)
+        want = 0 if recomputable[i] else 1
+        rank[i] = base if base % 2 == want else base + 1
+    parts: dict[int, list[int]] = {}
+    for i in ops:
+        parts.setdefault(rank[i], []).append(i)
+    # Greedy merge of same-kind parts while the quotient stays acyclic.
+    labels = {i: rank[i] for i in ops}
+    keys = sorted(parts)
+
+    def acyclic(lbl):
+        dg = nx.DiGraph()
+        dg.add_nodes_from(set(lbl.values()))
+        for i in ops:
+            for s in inside_inputs[i]:
+                if lbl[s] != lbl[i]:
+                    dg.add_edge(lbl[s], lbl[i])
+        return nx.is_directed_acyclic_graph(dg)
+
+    for a_pos, a in enumerate(keys):
+        for b in keys[a_pos + 1:]:
+            if a % 2 != b % 2 or b not in set(labels.values()) or a not in set(labels.values()):
+                continue
+            trial = {i: (a if lbl == b else lbl) for i, lbl in labels.items()}
+            if acyclic(trial):
+                labels = trial
+    final: dict[int, list[int]] = {}
+    for i in ops:
+        final.setdefault(labels[i], []).append(i)
+    return [(final[k], k % 2 == 0) for k in sorted(final)]
+
+
+def _outside_users(ops: list[int], infos: Sequence[OpInfo]) -> dict[int, bool]:
+    """Whether each op of ``ops`` has a consumer outside ``ops`` (computed lazily per call)."""
+    members = {infos[i].op.name for i in ops}
+    result: dict[int, bool] = {}
+    for i in ops:
+        result[i] = any(c.name not in members for t in infos[i].op.outputs for c in t.consumers())
+    return result
+
+
+def _layer_groups(traced: TracedStep, infos: Sequence[OpInfo]) -> list[_Group]:
+    layer = _layer_of_ops(traced, infos)
+    buckets: dict[tuple[str, bool], list[int]] = {}
+    for info in infos:
+        if not info.static:
+            buckets.setdefault((layer[info.index], info.backward), []).append(info.index)
+    groups: list[_Group] = []
+    for (name, backward), ops in buckets.items():
+        base = f"{name}_grad" if backward else name
+        parts = _split_by_recomputability(ops, infos)
+        seen_rec = 0
+        for part_ops, rec in parts:
+            if rec:
+                seen_rec += 1
+                label = base if seen_rec == 1 else f"{base}:{seen_rec}"
+            else:
+                label = f"{base}:state"
+            # A part is recomputable only if every op in it is (absorbed feeders inherit the part's flag).
+            rec = rec and all(infos[i].recomputable for i in part_ops)
+            groups.append(_Group(label, part_ops, backward, rec, layer=name))
+    return _merge_cycles(groups, infos)
+
+
+def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]:
+    """Merge groups that depend on each other in a cycle (possible only when attribution heuristics
+    interleave two layers); a merged group is non-recomputable if any part was."""
+    owner = {i: k for k, g in enumerate(groups) for i in g.ops}
+    by_name = {info.op.name: info.index for info in infos}
+    dg = nx.DiGraph()
+    dg.add_nodes_from(range(len(groups)))
+    for k, g in enumerate(groups):
+        for i in g.ops:
+            op = infos[i].op
+            for src in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
+                j = by_name[src]
+                if j in owner and owner[j] != k:
+                    dg.add_edge(owner[j], k)
+    if nx.is_directed_acyclic_graph(dg):
+        return groups
+    merged = []
+    for scc in nx.strongly_connected_components(dg):
+        members = sorted(scc, key=lambda k: min(groups[k].ops))
+        if len(members) == 1:
+            merged.append(groups[members[0]])
+            continue
+        ops = sorted(i for k in members for i in groups[k].ops)
+        merged.append(_Group("+".join(groups[k].name for k in members), ops,
+                             any(groups[k].backward for k in members),
+                             all(groups[k].recomputable for k in members), layer=groups[members[0]].layer))
+    return merged
+
+
+# ------------------------------------------------------------------------------------------ graph
+def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_tensors: set[str]) -> tuple[int, int]:
+    """(mem, workspace) of a node: see the module docstring for the op- and layer-level rules."""
+    if level == "op":
+        return sum(infos[i].bytes for i in group_ops), 0
+    members = {infos[i].op.name for i in group_ops}
+    external = 0
+    last_use: dict[str, int] = {}
+    position = {infos[i].op.name: p for p, i in enumerate(group_ops)}
+    keep: set[str] = set()
+    for i in group_ops:
+        for k, t in enumerate(infos[i].op.outputs):
+            users = [c.name for c in t.consumers()]
+            if t.name in output_tensors or any(u not in members for u in users):
+                external += infos[i].out_bytes[k]
+                keep.add(t.name)
+            inside = [position[u] for u in users if u in members]
+            last_use[t.name] = max(inside, default=position[infos[i].op.name])
+    # Peak of the node's own tensors while it runs, freeing internal tensors after their last use.
+    live: dict[str, int] = {}
+    peak = 0
+    for p, i in enumerate(group_ops):
+        for k, t in enumerate(infos[i].op.outputs):
+            live[t.name] = infos[i].out_bytes[k]
+        peak = max(peak, sum(live.values()))
+        for name in [n for n in live if n not in keep and last_use[n] <= p]:
+            del live[name]
+    return external, max(0, peak - external)
+
+
+def _build(traced: TracedStep, infos: Sequence[OpInfo], groups: list[_Group], level: str,
+           name: str, fixed: int) -> tuple[Graph, tuple[tuple[str, ...], ...], dict[str, int], tuple[int, ...]]:
+    owner = {i: k for k, g in enumerate(groups) for i in g.ops}
+    by_name = {info.op.name: info.index for info in infos}
+    deps: list[set[int]] = [set() for _ in groups]
+    for k, g in enumerate(groups):
+        for i in g.ops:
+            op = infos[i].op
+            for src in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
+                j = by_name[src]
+                if j in owner and owner[j] != k:
+                    deps[k].add(owner[j])
+    dg = nx.DiGraph()
+    dg.add_nodes_from(range(len(groups)))
+    dg.add_edges_from((d, k) for k in range(len(groups)) for d in deps[k])
+    first = [min(g.ops) for g in groups]
+    order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
+    new_id = {old: new for new, old in enumerate(order)}
+
+    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+    output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
+    nodes, node_ops, workspace = [], [], []
+    used_names: dict[str, int] = {}
+    for new, old in enumerate(order):
+        g = groups[old]
+        mem, ws = _node_mem(g.ops, infos, level, output_tensors)
+        label = g.name
+        if label in used_names:
+            used_names[label] += 1
+            label = f"{label}#{used_names[label]}"
+        else:
+            used_names[label] = 0
+        nodes.append(Node(id=new, name=label, cost=1.0, mem=int(mem), backward=g.backward,
+                          output=any(infos[i].op.name in output_ops for i in g.ops),
+                          recomputable=g.recomputable))
+        node_ops.append(tuple(infos[i].op.name for i in sorted(g.ops)))
+        workspace.append(int(ws))
+    edges = [(new_id[d], new_id[k]) for k in range(len(groups)) for d in deps[k]]
+    graph = Graph(nodes, edges, name=name, fixed_mem=fixed)
+    assert graph.source_ids == tuple(range(graph.n)), "lowering must emit nodes in a topological order"
+    op_node = {op: nid for nid, ops in enumerate(node_ops) for op in ops}
+    return graph, tuple(node_ops), op_node, tuple(workspace)
+
+
+def _fixed_bytes(model: Any, traced: TracedStep) -> int:
+    total = 0
+    for v in getattr(model, "variables", ()):
+        total += int(np.prod(v.shape, dtype=np.int64)) * int(tf.as_dtype(v.dtype).size)
+    graph = traced.function.graph
+    for name in (*traced.input_names, *traced.label_names):
+        t = graph.get_operation_by_name(name).outputs[0]
+        total += _tensor_bytes(t) or 0
+    return int(total)
+
+
+def _with_costs(graph: Graph, costs: Sequence[float]) -> Graph:
+    nodes = [Node(nd.id, nd.name, float(c), nd.mem, nd.backward, nd.output, nd.recomputable)
+             for nd, c in zip(graph.nodes, costs)]
+    return Graph(nodes, graph.edges, name=graph.name, fixed_mem=graph.fixed_mem)
+
+
+def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
+          cost_model: str = "flops", name: str | None = None, profile_options: Mapping[str, Any] | None = None,
+          progress: bool = True) -> LoweredGraph:
+    """Lower one training step of ``model`` to a :class:`LoweredGraph`.
+
+    Parameters
+    ----------
+    model:
+        A built Keras model (functional, sequential or subclassed; layer level needs ``model.layers``).
+    loss:
+        ``loss(y_true, y_pred)`` callable or a Keras loss name; a non-scalar result is averaged.
+    input_spec, label_spec:
+        ``tf.TensorSpec`` (or nests of them) with fixed shapes, batch dimension included.
+    level:
+        ``"layer"`` (one forward and one backward node per Keras layer) or ``"op"``.
+    cost_model:
+        ``"flops"`` (deterministic analytic estimate) or ``"profile"`` (run time of each node on the
+        current device, cached on disk; see :mod:`checkmate.tf2.profiling`).
+    profile_options:
+        Keyword arguments for :func:`checkmate.tf2.profiling.profile_nodes` (repeats, warmup, cache_dir).
+    """
+    if level not in LEVELS:
+        raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
+    if cost_model not in COST_MODELS:
+        raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
+    traced = trace_step(model, loss, input_spec, label_spec)
+    infos = classify_ops(traced)
+    warn: list[str] = []
+    _warn_opaque(infos, warn)
+    groups = _op_groups(infos) if level == "op" else _layer_groups(traced, infos)
+    if not groups:
+        raise UnsupportedOpError("the training step has no op that depends on the batch")
+    label = name or f"{getattr(model, 'name', 'model')}-{level}"
+    graph, node_ops, op_node, workspace = _build(traced, infos, groups, level, label,
+                                                _fixed_bytes(model, traced))
+
+    from checkmate.tf2 import profiling
+
+    if cost_model == "flops":
+        costs = [profiling.flops_cost(traced.function.graph, ops) for ops in node_ops]
+        unit = "flops"
+    else:
+        costs = profiling.profile_nodes(traced.function, node_ops, traced.input_names, traced.label_names,
+                                        progress=progress, **dict(profile_options or {}))
+        unit = "us"
+    graph = _with_costs(graph, costs)
+    batch = [graph_tensor.shape[0] for graph_tensor in traced.function.inputs[: len(traced.input_names)]]
+    metadata = {
+        "batch_size": int(batch[0]) if batch and batch[0] is not None else None,
+        "cost_model": cost_model,
+        "cost_unit": unit,
+        "level": level,
+        "warnings": tuple(warn),
+        "workspace_bytes": workspace,
+        "static_ops": tuple(info.op.name for info in infos if info.static and not info.dead),
+        "dead_ops": tuple(info.op.name for info in infos if info.dead),
+        "parameter_and_batch_bytes": graph.fixed_mem,
+    }
+    return LoweredGraph(
+        graph=graph,
+        level=level,
+        function=traced.function,
+        node_ops=node_ops,
+        op_node=op_node,
+        input_names=traced.input_names,
+        label_names=traced.label_names,
+        loss_tensor=traced.loss_tensor,
+        grad_tensors=traced.grad_tensors,
+        variables=traced.variables,
+        metadata=metadata,
+    )

@@ -1,0 +1,200 @@
+"""Lowering Keras training steps to Graphs: node counts, edges, the forward/backward split, sizes and flags."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from checkmate.errors import InvalidArgumentError, UnsupportedOpError  # noqa: E402
+from checkmate.tf2.lowered import LoweredGraph  # noqa: E402
+from checkmate.tf2.lowering import lower  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+BATCH = 2
+XENT = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def mlp(widths=(16, 12), classes=4, features=8):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((features,), name="x")
+    h = inp
+    for k, w in enumerate(widths):
+        h = keras.layers.Dense(w, activation="relu", name=f"dense{k}")(h)
+    out = keras.layers.Dense(classes, name="logits")(h)
+    return keras.Model(inp, out, name="mlp")
+
+
+def small_cnn(bn=False, dropout=False):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8, 8, 3))
+    h = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="conv1")(inp)
+    if bn:
+        h = keras.layers.BatchNormalization(name="bn1")(h)
+    h = keras.layers.MaxPooling2D(name="pool1")(h)
+    h = keras.layers.Conv2D(6, 3, padding="same", activation="relu", name="conv2")(h)
+    h = keras.layers.Flatten(name="flatten")(h)
+    if dropout:
+        h = keras.layers.Dropout(0.5, name="drop")(h)
+    out = keras.layers.Dense(3, name="logits")(h)
+    return keras.Model(inp, out, name="cnn")
+
+
+def specs(shape, classes_dtype=tf.int32):
+    return tf.TensorSpec((BATCH, *shape), tf.float32), tf.TensorSpec((BATCH,), classes_dtype)
+
+
+def lower_mlp(level="op", **kw):
+    return lower(mlp(**kw), XENT, *specs((8,)), level=level)
+
+
+def _tensor_bytes(t):
+    return int(t.shape.num_elements()) * t.dtype.size
+
+
+def assert_contract(lg: LoweredGraph):
+    """Structural promises of LoweredGraph that code generation relies on."""
+    g = lg.graph
+    fg = lg.function.graph
+    assert len(lg.node_ops) == g.n
+    seen = set()
+    for nid, ops in enumerate(lg.node_ops):
+        assert ops, f"node {nid} has no ops"
+        for name in ops:
+            assert name not in seen, f"op {name} in two nodes"
+            seen.add(name)
+            assert lg.op_node[name] == nid
+        # ops listed in a topological (creation) order
+        order = {op.name: k for k, op in enumerate(fg.get_operations())}
+        assert [order[o] for o in ops] == sorted(order[o] for o in ops)
+    assert set(lg.op_node) == seen
+    # deps are exactly the nodes producing the inputs (data or control) of the node's ops
+    for nid, ops in enumerate(lg.node_ops):
+        producers = set()
+        for name in ops:
+            op = fg.get_operation_by_name(name)
+            for src in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
+                if src in lg.op_node and lg.op_node[src] != nid:
+                    producers.add(lg.op_node[src])
+        assert set(g.deps[nid]) == producers
+        assert all(d < nid for d in producers)
+    # static ops depend only on static ops (except the function's output identities and NoOp)
+    outputs = {t.op.name for t in lg.function.outputs}
+    dead = set(lg.metadata["dead_ops"])
+    for op in fg.get_operations():
+        if op.name in lg.op_node or op.name in outputs or op.type == "NoOp" or op.name in dead:
+            continue
+        for src in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
+            assert src not in lg.op_node, f"static op {op.name} depends on node op {src}"
+    # outputs: the loss and the gradients, in trainable-variable order
+    assert len(lg.grad_tensors) == len(lg.variables)
+    for t, v in zip(lg.grad_tensors, lg.variables):
+        assert tuple(fg.get_tensor_by_name(t).shape) == tuple(v.shape)
+    flagged = {nid for nid in range(g.n) if g.output[nid]}
+    expected = {lg.op_node[t.rsplit(":", 1)[0]] for t in (lg.loss_tensor, *lg.grad_tensors)
+                if t.rsplit(":", 1)[0] in lg.op_node}
+    assert flagged == expected
+    assert fg.get_operation_by_name(lg.input_names[0]).type == "Placeholder"
+    assert fg.get_operation_by_name(lg.label_names[0]).type == "Placeholder"
+
+
+# ------------------------------------------------------------------------------------- op level
+def test_op_level_mlp_nodes_edges_and_split():
+    lg = lower_mlp()
+    assert_contract(lg)
+    g = lg.graph
+    names = g.names
+    # Per Dense+relu layer: MatMul, BiasAdd, Relu forward; ReluGrad, BiasAddGrad, two MatMuls backward
+    # (the first layer has no gradient w.r.t. the batch, so one MatMul).
+    for k in (0, 1):
+        for suffix in ("MatMul", "BiasAdd", "Relu"):
+            nid = next(i for i, nm in enumerate(names) if nm.endswith(f"dense{k}_1/{suffix}") or nm.endswith(f"dense{k}/{suffix}"))
+            assert not g.backward[nid]
+    fwd_matmuls = [i for i in g.forward_nodes if names[i].endswith("/MatMul")]
+    bwd_matmuls = [i for i in g.backward_nodes if "MatMul" in names[i]]
+    assert len(fwd_matmuls) == 3
+    assert len(bwd_matmuls) == 5  # dW for 3 layers, dx for the 2 upper layers
+    # every backward node comes after every forward node it depends on; no forward node reads a backward one
+    for v in g.forward_nodes:
+        assert not any(g.backward[u] for u in g.deps[v])
+    # constants, shape ops and variable reads are not nodes
+    fg = lg.function.graph
+    for name in lg.op_node:
+        assert fg.get_operation_by_name(name).type not in ("Const", "Placeholder", "ReadVariableOp", "Shape")
+    # the loss node and the six gradient nodes are outputs
+    assert int(g.output.sum()) == 1 + 6
+    assert names[int(np.flatnonzero(g.output)[0])].endswith("div_no_nan")
+    # no stateful op in a plain MLP
+    assert g.recomputable.all()
+
+
+def test_op_level_mem_is_static_tensor_size():
+    lg = lower_mlp()
+    fg = lg.function.graph
+    for nid, ops in enumerate(lg.node_ops):
+        (name,) = ops
+        op = fg.get_operation_by_name(name)
+        assert lg.graph.mem[nid] == sum(_tensor_bytes(t) for t in op.outputs)
+    matmul = lg.op_node[next(n for n in lg.op_node if n.endswith("dense0_1/MatMul") or n.endswith("dense0/MatMul"))]
+    assert lg.graph.mem[matmul] == BATCH * 16 * 4
+    # fixed memory: parameters and the batch
+    params = sum(int(np.prod(v.shape)) * 4 for v in lg.variables)
+    assert lg.graph.fixed_mem == params + BATCH * 8 * 4 + BATCH * 4
+
+
+def test_multi_output_op_is_one_node_sized_by_all_outputs():
+    lg = lower_mlp()
+    fg = lg.function.graph
+    name = next(n for n in lg.op_node if fg.get_operation_by_name(n).type == "SparseSoftmaxCrossEntropyWithLogits")
+    op = fg.get_operation_by_name(name)
+    assert len(op.outputs) == 2
+    nid = lg.op_node[name]
+    assert lg.node_ops[nid] == (name,)
+    assert lg.graph.mem[nid] == BATCH * 4 + BATCH * 4 * 4  # per-example loss + backprop (logits' shape)
+    # the backward consumer of the second output depends on this node
+    users = [u for u in lg.graph.users[nid] if lg.graph.backward[u]]
+    assert users
+
+
+def test_op_level_cnn():
+    lg = lower(small_cnn(), XENT, *specs((8, 8, 3)), level="op")
+    assert_contract(lg)
+    fg = lg.function.graph
+    types = [fg.get_operation_by_name(ops[0]).type for ops in lg.node_ops]
+    assert types.count("Conv2D") == 2
+    assert types.count("Conv2DBackpropFilter") == 2
+    assert types.count("Conv2DBackpropInput") == 1  # the gradient w.r.t. the batch is dead
+    dead = [fg.get_operation_by_name(n).type for n in lg.metadata["dead_ops"]]
+    assert dead.count("Conv2DBackpropInput") == 1
+    assert types.count("MaxPool") == 1 and types.count("MaxPoolGrad") == 1
+    conv1 = types.index("Conv2D")
+    assert lg.graph.mem[conv1] == BATCH * 8 * 8 * 4 * 4
+    for nid in range(lg.graph.n):
+        is_grad_op = lg.node_ops[nid][0].startswith("gradient_tape/") or types[nid] in ("AddN",)
+        if is_grad_op:
+            assert lg.graph.backward[nid]
+    assert lg.graph.recomputable.all()
+
+
+def test_function_computes_loss_and_gradients():
+    model = mlp()
+    lg = lower(model, XENT, *specs((8,)), level="op")
+    x = tf.random.stateless_normal((BATCH, 8), seed=(1, 2))
+    y = tf.constant([1, 3], tf.int32)
+    loss, *grads = lg.function(x, y)
+    with tf.GradientTape() as tape:
+        ref = XENT(y, model(x, training=True))
+    ref_grads = tape.gradient(ref, model.trainable_variables)
+    np.testing.assert_allclose(loss.numpy(), ref.numpy(), rtol=1e-6)
+    for a, b in zip(grads, ref_grads):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+
+
+def test_bad_specs_and_level():
+    with pytest.raises(InvalidArgumentError, match="fixed shape"):
+        lower(mlp(), XENT, tf.TensorSpec((None, 8)), tf.TensorSpec((None,), tf.int32))
+    with pytest.raises(InvalidArgumentError, match="level"):
+        lower(mlp(), XENT, *specs((8,)), level="block")
