@@ -1,0 +1,142 @@
+"""Any MILP-capable cvxpy solver (HiGHS by default) on the sparse model.
+
+The model enters cvxpy as one vector variable per kind (integral, continuous) and one sparse matrix
+per row sense, so cvxpy's canonicalisation stays a handful of sparse products. cvxpy hands no initial
+point to HiGHS, so this backend takes no MIP start (the caller keeps its own incumbent instead).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from checkmate.errors import BackendUnavailableError, SolverError
+from checkmate.solvers.backends import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
+                                        BackendResult, _require)
+
+__all__ = ["CvxpyBackend", "CVXPY_MILP_SOLVERS"]
+
+# MILP-capable solvers cvxpy can drive, with how each takes a time limit, a relative gap and threads.
+CVXPY_MILP_SOLVERS = {
+    "HIGHS": lambda t, g, th: {**({"time_limit": t} if t else {}), "mip_rel_gap": g, **({"threads": th} if th else {})},
+    "SCIPY": lambda t, g, th: {"scipy_options": {**({"time_limit": t} if t else {}), "mip_rel_gap": g}},
+    "GUROBI": lambda t, g, th: {**({"TimeLimit": t} if t else {}), "MIPGap": g, **({"Threads": th} if th else {})},
+    "SCIP": lambda t, g, th: {"scip_params": {**({"limits/time": t} if t else {}), "limits/gap": g}},
+    "GLPK_MI": lambda t, g, th: {**({"tm_lim": int(t * 1000)} if t else {}), "mip_gap": g},
+    "CBC": lambda t, g, th: {**({"maximumSeconds": int(math.ceil(t))} if t else {}), "allowableFractionGap": g},
+    "CPLEX": lambda t, g, th: {"cplex_params": {**({"timelimit": t} if t else {}), "mip.tolerances.mipgap": g}},
+    "MOSEK": lambda t, g, th: {"mosek_params": {**({"MSK_DPAR_OPTIMIZER_MAX_TIME": t} if t else {}),
+                                                "MSK_DPAR_MIO_TOL_REL_GAP": g}},
+}
+
+
+class CvxpyBackend(Backend):
+    supports_mip_start = False
+
+    def __init__(self, solver: str = "HIGHS"):
+        self.solver = solver.upper()
+        self.name = "cvxpy"
+        self.label = f"cvxpy/{self.solver}"
+
+    def check_available(self) -> None:
+        cp = _require("cvxpy", "cvxpy", self.label)
+        if self.solver not in cp.installed_solvers():
+            raise BackendUnavailableError(
+                f"cvxpy's solver {self.solver} is not installed here; use {DEFAULT_FALLBACK}")
+
+    def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
+        import cvxpy as cp
+
+        A = model.A.tocsc()
+        integer = model.integer
+        parts = []
+        x_full = []
+        cols = {}
+        for flag in (True, False):
+            idx = np.flatnonzero(integer == flag)
+            if idx.size == 0:
+                continue
+            lo = model.col_lo[idx]
+            hi = model.col_hi[idx]
+            var = cp.Variable(idx.size, integer=flag, bounds=[lo, hi])
+            parts.append((var, A[:, idx], model.c[idx]))
+            cols[flag] = (idx, var)
+            x_full.append(idx)
+        lhs = sum(M @ v for v, M, _ in parts)
+        objective = cp.Minimize(sum(c @ v for v, _, c in parts) + model.offset)
+        cons = []
+        eq = model.row_lo == model.row_hi
+        upper = ~eq & np.isfinite(model.row_hi)
+        lower = ~eq & np.isfinite(model.row_lo)
+        A_rows = model.A.tocsr()
+        for mask, kind in ((eq, "eq"), (upper, "le"), (lower, "ge")):
+            if not mask.any():
+                continue
+            sub = [(v, A_rows[mask][:, idx]) for (flag, (idx, v)) in cols.items()]
+            expr = sum(M @ v for v, M in sub)
+            if kind == "eq":
+                cons.append(expr == model.row_hi[mask])
+            elif kind == "le":
+                cons.append(expr <= model.row_hi[mask])
+            else:
+                cons.append(expr >= model.row_lo[mask])
+        problem = cp.Problem(objective, cons)
+        opts = CVXPY_MILP_SOLVERS[self.solver](time_limit_s, mip_gap, threads) if self.solver in CVXPY_MILP_SOLVERS else {}
+        is_mip = bool(integer.any())
+        if not is_mip:
+            opts = {k: v for k, v in opts.items() if k in ("time_limit", "TimeLimit", "threads", "Threads")}
+        start = time.perf_counter()
+        try:
+            problem.solve(solver=self.solver, verbose=verbose, **opts)
+        except cp.error.SolverError as exc:
+            hint = self._licence_hint(model)
+            if hint:
+                raise BackendUnavailableError(f"{self.label} failed: {hint}") from None
+            raise SolverError(f"{self.label} failed: {exc}") from None
+        seconds = time.perf_counter() - start
+        status = problem.status
+        x = None
+        if status in (cp.OPTIMAL, cp.OPTIMAL_INACCURATE, cp.USER_LIMIT):
+            values = [(idx, v.value) for idx, v in cols.values()]
+            if all(val is not None for _, val in values):
+                x = np.zeros(model.num_cols)
+                for idx, val in values:
+                    x[idx] = np.asarray(val).ravel()
+        bound = None
+        stats = problem.solver_stats.extra_stats if problem.solver_stats is not None else None
+        if isinstance(stats, dict):
+            dual, primal_ok = stats.get("mip_dual_bound"), True
+        else:   # HiGHS' info record
+            dual = getattr(stats, "mip_dual_bound", None)
+            primal_ok = getattr(stats, "primal_solution_status", 2) == 2
+        if x is not None and not primal_ok:
+            x = None
+        if is_mip and dual is not None and np.isfinite(dual):
+            # cvxpy hands the constant term to the solver separately; the reported bound omits it
+            bound = float(dual) + float(model.offset)
+        if not is_mip and status == cp.OPTIMAL and x is not None:
+            bound = float(model.c @ x + model.offset)
+        objective_value = None if x is None else float(model.c @ x + model.offset)
+        if status == cp.OPTIMAL or (status == cp.OPTIMAL_INACCURATE and x is not None):
+            out = OPTIMAL
+        elif status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE, getattr(cp.settings, "INFEASIBLE_OR_UNBOUNDED", "infeasible_or_unbounded")):
+            out = INFEASIBLE   # every column is bounded: "or unbounded" can only be infeasible
+        elif status == cp.USER_LIMIT:
+            out = FEASIBLE if x is not None else NO_SOLUTION
+        else:
+            raise SolverError(f"{self.label} stopped with status {status!r}")
+        if out == OPTIMAL and x is None:
+            raise SolverError(f"{self.label} reported an optimum without a solution")
+        return BackendResult(out, x, objective_value, bound, solver=self.label, message=str(status), seconds=seconds)
+
+    def _licence_hint(self, model) -> str:
+        if self.solver != "GUROBI":
+            return ""
+        from checkmate.solvers.backends.gurobi import size_limited_licence_refuses
+
+        if size_limited_licence_refuses(model):
+            return (f"gurobipy's size-limited licence refuses this model ({model.num_cols} variables, "
+                    f"{model.num_rows} rows); use {DEFAULT_FALLBACK}")
+        return ""

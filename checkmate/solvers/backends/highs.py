@@ -1,0 +1,96 @@
+"""HiGHS through highspy, without a modelling layer: the CSR model is handed over as arrays."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from checkmate.errors import SolverError
+from checkmate.solvers.backends import (FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, BackendResult,
+                                        _require)
+
+__all__ = ["HighsBackend"]
+
+
+class HighsBackend(Backend):
+    name = "highs"
+    mip_capable = True
+    supports_mip_start = True
+
+    def check_available(self) -> None:
+        _require("highspy", "highspy", self.name)
+
+    def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None,
+              extra_options=None):
+        import highspy
+
+        inf = highspy.kHighsInf
+        h = highspy.Highs()
+        h.setOptionValue("output_flag", bool(verbose))
+        if time_limit_s is not None:
+            h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
+        h.setOptionValue("mip_rel_gap", float(mip_gap))
+        if threads:
+            h.setOptionValue("threads", int(threads))
+        for key, value in (extra_options or {}).items():
+            if h.setOptionValue(key, value) != highspy.HighsStatus.kOk:
+                raise SolverError(f"HiGHS rejected option {key}={value!r}")
+
+        lp = highspy.HighsLp()
+        lp.num_col_ = model.num_cols
+        lp.num_row_ = model.num_rows
+        lp.col_cost_ = model.c
+        lp.offset_ = float(model.offset)
+        lp.col_lower_ = np.where(np.isfinite(model.col_lo), model.col_lo, -inf)
+        lp.col_upper_ = np.where(np.isfinite(model.col_hi), model.col_hi, inf)
+        lp.row_lower_ = np.where(np.isfinite(model.row_lo), model.row_lo, -inf)
+        lp.row_upper_ = np.where(np.isfinite(model.row_hi), model.row_hi, inf)
+        A = model.A.tocsc()
+        lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = A.indptr.astype(np.int32)
+        lp.a_matrix_.index_ = A.indices.astype(np.int32)
+        lp.a_matrix_.value_ = A.data
+        is_mip = bool(model.integer.any())
+        if is_mip:
+            lp.integrality_ = [highspy.HighsVarType.kInteger if flag else highspy.HighsVarType.kContinuous
+                               for flag in model.integer]
+        status = h.passModel(lp)
+        if status == highspy.HighsStatus.kError:
+            raise SolverError("HiGHS refused the model (passModel failed)")
+        if mip_start is not None and is_mip:
+            sol = highspy.HighsSolution()
+            sol.col_value = list(np.asarray(mip_start, dtype=np.float64))
+            sol.value_valid = True
+            h.setSolution(sol)
+
+        start = time.perf_counter()
+        run_status = h.run()
+        seconds = time.perf_counter() - start
+        model_status = h.getModelStatus()
+        info = h.getInfo()
+        name = h.modelStatusToString(model_status)
+        if run_status == highspy.HighsStatus.kError and model_status not in (
+                highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kTimeLimit):
+            raise SolverError(f"HiGHS failed: {name}")
+        has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+        x = np.array(h.getSolution().col_value, dtype=np.float64) if has_solution else None
+        objective = float(info.objective_function_value) if has_solution else None
+        if is_mip:
+            bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
+        else:
+            bound = objective
+        ms = highspy.HighsModelStatus
+        if model_status == ms.kOptimal:
+            out = OPTIMAL
+        elif model_status in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
+            # every column is bounded, so "unbounded or infeasible" can only mean infeasible
+            out = INFEASIBLE
+        elif model_status in (ms.kTimeLimit, ms.kIterationLimit, ms.kSolutionLimit, ms.kInterrupt,
+                              ms.kObjectiveBound, ms.kObjectiveTarget):
+            out = FEASIBLE if has_solution else NO_SOLUTION
+        else:
+            raise SolverError(f"HiGHS stopped with status {name!r}")
+        if out == OPTIMAL and x is None:
+            raise SolverError("HiGHS reported an optimum but returned no solution")
+        return BackendResult(out, x, objective, bound, solver="highs", message=name, seconds=seconds)

@@ -1,0 +1,501 @@
+"""The Checkmate MILP (Jain et al., MLSys 2020) in backend-neutral sparse form.
+
+This is the only module that speaks in the paper's letters. For a graph with nodes ``0..n-1`` in
+topological order and ``n`` frontier-advancing stages:
+
+* ``R[t, i]`` (binary): node ``i`` is computed in stage ``t``;
+* ``S[t, i]`` (binary): value ``i`` is resident on entry to stage ``t``;
+* ``FREE[t, i, k]``: value ``i`` (an input of ``k``, or ``k`` itself) is freed right after ``k`` runs
+  in stage ``t``;
+* ``U[t, k]``: bytes in use while ``k`` runs in stage ``t`` (fixed bytes excluded), ``<= budget - fixed``.
+
+Stage structure fixes most of the matrix: ``R[t, t] = 1``; nothing above the diagonal; ``S[t, i] = 0``
+for ``i >= t``; outputs are held from the stage after they are computed to the end
+(``S[t, i] = 1, R[t, i] = 0`` for ``t > i``); non-recomputable nodes have ``R[t, i] = 0`` for ``t > i``;
+a value none of whose descendants is at or beyond stage ``t`` is dead there (``R = S = 0``). Fixed
+cells are not variables: their constants are folded into the rows.
+
+Memory follows :mod:`checkmate.simulate` exactly (DESIGN §3)::
+
+    U[t, k0] = sum_i mem[i] S[t, i] + mem[k0] R[t, k0]              (k0: first node stage t may run)
+    U[t, k]  = U[t, k'] + mem[k] R[t, k] - sum_i mem[i] FREE[t, i, k']   (k' the previous such node)
+
+``FREE`` is linearised per value ``i`` over its *positions* ``p_0 = i < p_1 < ...`` (``i`` and its
+users) in the stage: a value can be freed at most once, only after a node that runs, and only after its
+last use, and not if it is held into ``t + 1``::
+
+    FREE[t, i, k] <= R[t, k]                                            (the published fix)
+    sum_k FREE[t, i, k] + S[t+1, i] <= 1
+    sum_{k < j} FREE[t, i, k] + R[t, j] <= 1        for each user j of i      (one row per j,
+                                                                               a clique cut)
+Those rows make the FREE polytope integral once R and S are, so ``FREE`` needs no integrality and the
+solver branches only on ``R`` and ``S``. The published lower half of the definition
+(``FREE >= R[t,k] - S[t+1,i] - sum_{j>k} R[t,j]``) never tightens the model: frees only relax the
+memory rows, so an optimiser frees whatever it may. It is available as ``exact_free=True`` (one row
+per FREE cell) when the solver's own ``U`` must equal the simulator's accounting cell by cell;
+:meth:`CheckmateFormulation.encode` computes the exact FREE and U of any (R, S) either way.
+Frees after the stage's last node (``k = t``) never reach a memory row and are not modelled.
+
+Memory is measured in units of ``mem_unit_bytes``: the gcd of the sizes when that keeps every row
+integral and small (exact under solver tolerances), otherwise a float scale.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+import scipy.sparse as sp
+
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.graph import Graph
+
+__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation"]
+
+# Largest total memory, in units, for which integral units are used: with integrality tolerances of
+# 1e-6 a rounded solution then differs from the solver's rows by less than one unit, so the budget row
+# stays exact.
+_INTEGRAL_UNITS_MAX = 10**5
+# Float scale otherwise: the largest value becomes this many units (keeps coefficients near 1..1e3).
+_FLOAT_UNITS_PER_MAX = 1000.0
+
+
+@dataclass
+class SparseModel:
+    """``min c @ x + offset`` s.t. ``row_lo <= A @ x <= row_hi``, ``col_lo <= x <= col_hi``,
+    ``x[integer]`` integral. ``objective_scale`` converts ``c @ x + offset`` back into cost units."""
+
+    c: np.ndarray
+    offset: float
+    A: sp.csr_matrix
+    row_lo: np.ndarray
+    row_hi: np.ndarray
+    col_lo: np.ndarray
+    col_hi: np.ndarray
+    integer: np.ndarray
+    objective_scale: float = 1.0
+    # Whether every row coefficient, bound and objective coefficient is integral (CP-SAT needs that).
+    integral_rows: bool = False
+
+    @property
+    def num_cols(self) -> int:
+        return int(self.c.shape[0])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.A.shape[0])
+
+    def cost_of(self, x: np.ndarray) -> float:
+        return float((self.c @ x + self.offset) * self.objective_scale)
+
+    def max_violation(self, x: np.ndarray) -> float:
+        """Largest violation of a row or a column bound by ``x`` (0 when feasible)."""
+        ax = self.A @ x
+        worst = 0.0
+        if ax.size:
+            worst = max(worst, float(np.max(self.row_lo - ax, initial=0.0)), float(np.max(ax - self.row_hi, initial=0.0)))
+        worst = max(worst, float(np.max(self.col_lo - x, initial=0.0)), float(np.max(x - self.col_hi, initial=0.0)))
+        return worst
+
+    def relaxed(self) -> "SparseModel":
+        return SparseModel(self.c, self.offset, self.A, self.row_lo, self.row_hi, self.col_lo, self.col_hi,
+                           np.zeros_like(self.integer), self.objective_scale, self.integral_rows)
+
+
+class _Rows:
+    """Accumulates COO triplets; terms on fixed cells are folded into the row bounds."""
+
+    def __init__(self):
+        self._r: list[np.ndarray] = []
+        self._c: list[np.ndarray] = []
+        self._v: list[np.ndarray] = []
+        self._lo: list[np.ndarray] = []
+        self._hi: list[np.ndarray] = []
+        self._const_r: list[np.ndarray] = []
+        self._const_v: list[np.ndarray] = []
+        self.count = 0
+
+    def new(self, count: int, lo: float, hi: float) -> np.ndarray:
+        ids = np.arange(self.count, self.count + count, dtype=np.int64)
+        self.count += count
+        self._lo.append(np.full(count, lo, dtype=np.float64))
+        self._hi.append(np.full(count, hi, dtype=np.float64))
+        return ids
+
+    def term(self, rows: np.ndarray, cols: np.ndarray, coef, fixed_value=None) -> None:
+        """Add ``coef * x[cols]`` to ``rows``; where ``cols < 0`` the cell is fixed to ``fixed_value``."""
+        rows = np.asarray(rows, dtype=np.int64)
+        cols = np.asarray(cols, dtype=np.int64)
+        coef = np.broadcast_to(np.asarray(coef, dtype=np.float64), rows.shape)
+        var = cols >= 0
+        self._r.append(rows[var])
+        self._c.append(cols[var])
+        self._v.append(coef[var])
+        if fixed_value is not None and not np.all(var):
+            fixed = np.broadcast_to(np.asarray(fixed_value, dtype=np.float64), rows.shape)[~var]
+            self._const_r.append(rows[~var])
+            self._const_v.append(coef[~var] * fixed)
+
+    def build(self, num_cols: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+        lo = np.concatenate(self._lo) if self._lo else np.zeros(0)
+        hi = np.concatenate(self._hi) if self._hi else np.zeros(0)
+        if self._const_r:
+            const = np.bincount(np.concatenate(self._const_r), weights=np.concatenate(self._const_v),
+                                minlength=self.count)
+            lo = lo - const
+            hi = hi - const
+        rows = np.concatenate(self._r) if self._r else np.zeros(0, dtype=np.int64)
+        cols = np.concatenate(self._c) if self._c else np.zeros(0, dtype=np.int64)
+        vals = np.concatenate(self._v) if self._v else np.zeros(0)
+        A = sp.csr_matrix((vals, (rows, cols)), shape=(self.count, num_cols))
+        A.sum_duplicates()
+        A.eliminate_zeros()
+        # Rows left without variables are either satisfied (dropped) or contradictory (kept, so that
+        # the solver reports the model infeasible).
+        empty = np.diff(A.indptr) == 0
+        satisfied = empty & (lo <= 1e-9) & (hi >= -1e-9)
+        keep = ~satisfied
+        return A[keep], lo[keep], hi[keep]
+
+
+def _max_strict_descendant(graph: "Graph") -> np.ndarray:
+    """For each node, the largest id among its descendants (-1 when it has none)."""
+    n = graph.n
+    out = np.full(n, -1, dtype=np.int64)
+    for i in range(n - 1, -1, -1):
+        best = -1
+        for u in graph.users[i]:
+            best = max(best, u, int(out[u]))
+        out[i] = best
+    return out
+
+
+def _mem_units(graph: "Graph", budget_bytes: int) -> tuple[float, np.ndarray, float, bool]:
+    mem = graph.mem.astype(np.int64)
+    avail = int(budget_bytes) - int(graph.fixed_mem)
+    nonzero = mem[mem > 0]
+    if nonzero.size == 0:
+        return 1.0, mem.astype(np.float64), float(avail), True
+    g = int(np.gcd.reduce(nonzero))
+    if int(nonzero.sum()) // g <= _INTEGRAL_UNITS_MAX:
+        cap = math.floor(avail / g) if avail >= 0 else -1.0
+        return float(g), (mem // g).astype(np.float64), float(cap), True
+    unit = float(nonzero.max()) / _FLOAT_UNITS_PER_MAX
+    return unit, mem / unit, avail / unit, False
+
+
+@dataclass
+class CheckmateFormulation:
+    """The MILP for one graph and budget, plus the maps between its columns and (R, S)."""
+
+    graph: "Graph"
+    budget_bytes: int
+    model: SparseModel
+    mem_unit_bytes: float
+    cap_units: float
+    r_col: np.ndarray          # (n, n): column of R[t, i], or -1 when the cell is fixed
+    s_col: np.ndarray
+    r_fixed: np.ndarray        # (n, n) bool: value of the fixed R cells (meaningful where r_col < 0)
+    s_fixed: np.ndarray
+    free_t: np.ndarray         # FREE columns: stage, value, node after which it is freed
+    free_i: np.ndarray
+    free_k: np.ndarray
+    free_col0: int
+    u_t: np.ndarray            # U columns: stage and node of each
+    u_k: np.ndarray
+    u_col0: int
+    exact_free: bool
+    stats: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------------------ columns <-> (R, S)
+    def decode(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(R, S) boolean matrices from a solution vector (cells rounded at one half)."""
+        x = np.asarray(x, dtype=np.float64)
+        R = self.r_fixed.copy()
+        S = self.s_fixed.copy()
+        rv = self.r_col >= 0
+        sv = self.s_col >= 0
+        R[rv] = x[self.r_col[rv]] > 0.5
+        S[sv] = x[self.s_col[sv]] > 0.5
+        return R, S
+
+    def retain_values(self, x: np.ndarray) -> np.ndarray:
+        """S as floats (for rounding a relaxation); fixed cells at their values."""
+        S = self.s_fixed.astype(np.float64)
+        sv = self.s_col >= 0
+        S[sv] = np.clip(np.asarray(x, dtype=np.float64)[self.s_col[sv]], 0.0, 1.0)
+        return S
+
+    def exact_free_matrix(self, R: np.ndarray, S: np.ndarray) -> np.ndarray:
+        """FREE for each modelled cell, by the memory model's definition, given boolean (R, S)."""
+        n = self.graph.n
+        t, i, k = self.free_t, self.free_i, self.free_k
+        if t.size == 0:
+            return np.zeros(0)
+        # last[t, i]: the last position (i itself or a user of i) that runs in stage t, -1 if none
+        diag_run = R & np.tri(n, dtype=bool)
+        last = np.where(diag_run, np.arange(n)[None, :], -1)
+        for u, v in self.graph.edges:  # u is an input of v: v is a position of value u
+            run = R[:, v]
+            last[:, u] = np.where(run & (v > last[:, u]), v, last[:, u])
+        held_next = np.zeros(t.shape, dtype=bool)
+        nxt = t + 1 < n
+        held_next[nxt] = S[t[nxt] + 1, i[nxt]]
+        return ((last[t, i] == k) & R[t, k] & ~held_next).astype(np.float64)
+
+    def encode(self, R: np.ndarray, S: np.ndarray) -> np.ndarray:
+        """The solution vector of (R, S): R and S cells, exact FREE, and U from the memory rows."""
+        R = np.asarray(R, dtype=bool)
+        S = np.asarray(S, dtype=bool)
+        m = self.model
+        x = np.zeros(m.num_cols)
+        rv = self.r_col >= 0
+        sv = self.s_col >= 0
+        x[self.r_col[rv]] = R[rv]
+        x[self.s_col[sv]] = S[sv]
+        x[self.free_col0:self.free_col0 + self.free_t.size] = self.exact_free_matrix(R, S)
+        x[self.u_col0:self.u_col0 + self.u_t.size] = self.memory_units(R, S)
+        return x
+
+    def memory_units(self, R: np.ndarray, S: np.ndarray) -> np.ndarray:
+        """U at every modelled (t, k), in units, for boolean (R, S), following the memory rows."""
+        n = self.graph.n
+        mem = self._mem_scaled
+        R = np.asarray(R, dtype=bool)
+        S = np.asarray(S, dtype=bool)
+        free = self.exact_free_matrix(R, S)
+        freed = np.zeros((n, n))
+        np.add.at(freed, (self.free_t, self.free_k), free * mem[self.free_i])
+        held = (np.tril(S, -1) * mem[None, :]).sum(axis=1)
+        # U at position k = held + allocations up to k - frees after positions before k
+        alloc = np.cumsum(np.tril(R) * mem[None, :], axis=1)
+        released = np.cumsum(freed, axis=1) - freed
+        U = held[:, None] + alloc - released
+        return U[self.u_t, self.u_k]
+
+    def peak_bytes(self, R: np.ndarray, S: np.ndarray) -> int:
+        """The MILP's own peak for (R, S): max U, in bytes, fixed bytes included."""
+        units = self.memory_units(R, S)
+        return int(round(float(units.max(initial=0.0)) * self.mem_unit_bytes)) + int(self.graph.fixed_mem)
+
+    def solution_peak_bytes(self, x: np.ndarray) -> int:
+        """Max of the U columns of a solver's solution, in bytes, fixed bytes included."""
+        u = np.asarray(x)[self.u_col0:self.u_col0 + self.u_t.size]
+        return int(round(float(u.max(initial=0.0)) * self.mem_unit_bytes)) + int(self.graph.fixed_mem)
+
+    @property
+    def _mem_scaled(self) -> np.ndarray:
+        return self.graph.mem / self.mem_unit_bytes
+
+    def with_budget(self, budget_bytes: int) -> "CheckmateFormulation":
+        """Same model with another budget (only the U column bounds change)."""
+        unit = self.mem_unit_bytes
+        avail = int(budget_bytes) - int(self.graph.fixed_mem)
+        cap = (math.floor(avail / unit) if self.model.integral_rows else avail / unit) if avail >= 0 else -1.0
+        m = self.model
+        col_hi = m.col_hi.copy()
+        col_hi[self.u_col0:self.u_col0 + self.u_t.size] = cap
+        model = SparseModel(m.c, m.offset, m.A, m.row_lo, m.row_hi, m.col_lo, col_hi, m.integer,
+                            m.objective_scale, m.integral_rows)
+        out = CheckmateFormulation(**{**self.__dict__, "model": model, "budget_bytes": int(budget_bytes),
+                                      "cap_units": float(cap)})
+        return out
+
+
+def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = False,
+                      integral_s_only: bool = False) -> CheckmateFormulation:
+    """Build the MILP for ``graph`` under ``budget_bytes`` (fixed bytes included in the budget).
+
+    ``integral_s_only`` declares only S integral: for a fixed integral S the minimal R is integral
+    and dominates every other R, so an optimum with integral S exists; callers re-derive R anyway.
+    """
+    n = graph.n
+    unit, mem, cap, integral = _mem_units(graph, budget_bytes)
+    output = graph.output
+    recomputable = graph.recomputable
+    maxdesc = _max_strict_descendant(graph)
+    adj = np.zeros((n, n), dtype=bool)
+    edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)
+    adj[edges[:, 0], edges[:, 1]] = True
+
+    tt, ii = np.tril_indices(n, -1)   # all (t, i) with i < t, row-major
+    # --- fixed cells
+    r_fixed = np.eye(n, dtype=bool)
+    s_fixed = np.zeros((n, n), dtype=bool)
+    r_is_var = np.zeros((n, n), dtype=bool)
+    s_is_var = np.zeros((n, n), dtype=bool)
+    dead = (~output[ii]) & (maxdesc[ii] < tt)
+    r_is_var[tt, ii] = recomputable[ii] & ~output[ii] & ~dead
+    s_is_var[tt, ii] = ~output[ii] & ~dead
+    s_fixed[tt, ii] = output[ii]
+
+    num = 0
+    r_col = np.full((n, n), -1, dtype=np.int64)
+    cnt = int(r_is_var.sum())
+    r_col[r_is_var] = np.arange(num, num + cnt)
+    num += cnt
+    s_col = np.full((n, n), -1, dtype=np.int64)
+    cnt = int(s_is_var.sum())
+    s_col[s_is_var] = np.arange(num, num + cnt)
+    num += cnt
+
+    r_possible = r_is_var | r_fixed    # R[t, k] may be 1
+
+    # --- FREE cells (t, i, k): k < t, i in deps(k) + {k}, R[t, k] not fixed to 0, i not an output,
+    # i not an input of t (t runs last in the stage and reads i)
+    pair_i = np.concatenate([np.arange(n), edges[:, 0]])
+    pair_k = np.concatenate([np.arange(n), edges[:, 1]])
+    reps = n - 1 - pair_k
+    f_i = np.repeat(pair_i, reps)
+    f_k = np.repeat(pair_k, reps)
+    start = np.repeat(np.cumsum(reps) - reps, reps)
+    f_t = f_k + 1 + (np.arange(f_i.size) - start)
+    keep = r_possible[f_t, f_k] & ~output[f_i] & ~adj[f_i, f_t]
+    f_t, f_i, f_k = f_t[keep], f_i[keep], f_k[keep]
+    order = np.lexsort((f_k, f_i, f_t))
+    f_t, f_i, f_k = f_t[order], f_i[order], f_k[order]
+    free_col0 = num
+    nf = f_t.size
+    f_col = np.arange(num, num + nf)
+    num += nf
+
+    # --- U cells: every (t, k) where k may run in stage t
+    u_t, u_k = np.nonzero(np.tril(r_possible))
+    u_col0 = num
+    nu = u_t.size
+    u_col_m = np.full((n, n), -1, dtype=np.int64)
+    u_col_m[u_t, u_k] = np.arange(num, num + nu)
+    num += nu
+
+    rows = _Rows()
+
+    def rcol(t, i):
+        return r_col[t, i]
+
+    # Dependencies: R[t, k] <= R[t, i] + S[t, i] for each edge (i, k) and stage t >= k.
+    e_rep = n - edges[:, 1]
+    d_i = np.repeat(edges[:, 0], e_rep)
+    d_k = np.repeat(edges[:, 1], e_rep)
+    d_start = np.repeat(np.cumsum(e_rep) - e_rep, e_rep)
+    d_t = d_k + (np.arange(d_i.size) - d_start)
+    live = r_possible[d_t, d_k]
+    d_t, d_i, d_k = d_t[live], d_i[live], d_k[live]
+    rid = rows.new(d_t.size, -np.inf, 0.0)
+    rows.term(rid, r_col[d_t, d_k], 1.0, r_fixed[d_t, d_k])
+    rows.term(rid, r_col[d_t, d_i], -1.0, r_fixed[d_t, d_i])
+    rows.term(rid, s_col[d_t, d_i], -1.0, s_fixed[d_t, d_i])
+
+    # Carry: S[t+1, i] <= S[t, i] + R[t, i] (i < t); R and S exclusive per cell.
+    c_t, c_i = tt[tt + 1 < n], ii[tt + 1 < n]
+    live = s_is_var[c_t + 1, c_i] | s_fixed[c_t + 1, c_i]
+    c_t, c_i = c_t[live], c_i[live]
+    rid = rows.new(c_t.size, -np.inf, 0.0)
+    rows.term(rid, s_col[c_t + 1, c_i], 1.0, s_fixed[c_t + 1, c_i])
+    rows.term(rid, s_col[c_t, c_i], -1.0, s_fixed[c_t, c_i])
+    rows.term(rid, r_col[c_t, c_i], -1.0, r_fixed[c_t, c_i])
+    both = r_is_var[tt, ii] & s_is_var[tt, ii]
+    x_t, x_i = tt[both], ii[both]
+    rid = rows.new(x_t.size, -np.inf, 1.0)
+    rows.term(rid, r_col[x_t, x_i], 1.0)
+    rows.term(rid, s_col[x_t, x_i], 1.0)
+
+    # FREE[t, i, k] <= R[t, k]
+    rid = rows.new(nf, -np.inf, 0.0)
+    rows.term(rid, f_col, 1.0)
+    rows.term(rid, r_col[f_t, f_k], -1.0, r_fixed[f_t, f_k])
+
+    # Groups (t, i): sum_k FREE[t, i, k] + S[t+1, i] <= 1
+    group_key = f_t * n + f_i
+    g_start = np.flatnonzero(np.r_[True, group_key[1:] != group_key[:-1]]) if nf else np.zeros(0, dtype=np.int64)
+    g_id = np.cumsum(np.r_[False, group_key[1:] != group_key[:-1]]) if nf else np.zeros(0, dtype=np.int64)
+    ng = g_start.size
+    g_t, g_i = f_t[g_start], f_i[g_start]
+    rid = rows.new(ng, -np.inf, 1.0)
+    rows.term(rid[g_id], f_col, 1.0)
+    nxt = g_t + 1 < n
+    rows.term(rid[nxt], s_col[g_t[nxt] + 1, g_i[nxt]], 1.0, s_fixed[g_t[nxt] + 1, g_i[nxt]])
+
+    # Users j of i with k < j < t: sum_{k < j} FREE[t, i, k] + R[t, j] <= 1, one row per (t, i, j).
+    # Build (FREE cell, later user j) pairs by repeating each FREE cell over the users of its value.
+    n_users = np.array([len(u) for u in graph.users], dtype=np.int64)
+    users_flat = np.array([u for us in graph.users for u in us], dtype=np.int64)
+    users_start = np.cumsum(n_users) - n_users
+    rep = n_users[f_i]
+    p_cell = np.repeat(np.arange(nf), rep)
+    p_off = np.arange(p_cell.size) - np.repeat(np.cumsum(rep) - rep, rep)
+    p_j = users_flat[users_start[f_i[p_cell]] + p_off] if p_cell.size else np.zeros(0, dtype=np.int64)
+    pt, pi, pk = f_t[p_cell], f_i[p_cell], f_k[p_cell]
+    ok = (p_j > pk) & (p_j < pt) & r_is_var[pt, p_j]
+    p_cell, p_j, pt, pi = p_cell[ok], p_j[ok], pt[ok], pi[ok]
+    row_key = (pt * n + pi) * n + p_j
+    uniq, inv = np.unique(row_key, return_inverse=True)
+    rid = rows.new(uniq.size, -np.inf, 1.0)
+    rows.term(rid[inv], f_col[p_cell], 1.0)
+    ut = uniq // (n * n)
+    uj = uniq % n
+    rows.term(rid, r_col[ut, uj], 1.0)
+
+    if exact_free:
+        # sum_k FREE[t, i, k] + S[t+1, i] >= R[t, p] for every position p of the group: a value that
+        # the stage touches and does not keep is freed.
+        rid = rows.new(nf, 0.0, np.inf)
+        # every FREE cell of the group enters the row of each cell of the group
+        g_size = np.bincount(g_id, minlength=ng)
+        g_first = np.cumsum(g_size) - g_size
+        rep = g_size[g_id]
+        row_of_cell = np.repeat(rid, rep)
+        offset_in_group = np.arange(row_of_cell.size) - np.repeat(np.cumsum(rep) - rep, rep)
+        members = np.repeat(g_first[g_id], rep) + offset_in_group
+        rows.term(row_of_cell, f_col[members], 1.0)
+        nxt = f_t + 1 < n
+        rows.term(rid[nxt], s_col[f_t[nxt] + 1, f_i[nxt]], 1.0, s_fixed[f_t[nxt] + 1, f_i[nxt]])
+        rows.term(rid, r_col[f_t, f_k], -1.0, r_fixed[f_t, f_k])
+
+    # Memory: U at each position where a node may run, chained within the stage.
+    first = np.r_[True, u_t[1:] != u_t[:-1]] if nu else np.zeros(0, dtype=bool)
+    rid = rows.new(nu, 0.0, 0.0)
+    rows.term(rid, u_col0 + np.arange(nu), 1.0)
+    rows.term(rid, r_col[u_t, u_k], -mem[u_k], r_fixed[u_t, u_k])
+    prev = ~first
+    rows.term(rid[prev], (u_col0 + np.arange(nu) - 1)[prev], -1.0)
+    # held values enter the first position of each stage
+    first_rows = rid[first]
+    first_t = u_t[first]
+    row_of_stage = np.full(n, -1, dtype=np.int64)
+    row_of_stage[first_t] = first_rows
+    rows.term(row_of_stage[tt], s_col[tt, ii], -mem[ii], s_fixed[tt, ii])
+    # a FREE after position k enters the row of the next position of its stage
+    next_row = np.full((n, n), -1, dtype=np.int64)
+    next_row[u_t[:-1][~first[1:]], u_k[:-1][~first[1:]]] = rid[1:][~first[1:]]
+    rows.term(next_row[f_t, f_k], f_col, mem[f_i])
+
+    A, row_lo, row_hi = rows.build(num)
+
+    col_lo = np.zeros(num)
+    col_hi = np.ones(num)
+    col_hi[u_col0:] = cap
+    integer = np.zeros(num, dtype=bool)
+    integer[s_col[s_is_var]] = True
+    if not integral_s_only:
+        integer[r_col[r_is_var]] = True
+
+    cost = graph.cost.astype(np.float64)
+    positive = cost[cost > 0]
+    cost_scale = float(positive.mean()) if positive.size else 1.0
+    c = np.zeros(num)
+    c[r_col[r_is_var]] = (cost[None, :] * np.ones((n, 1)))[r_is_var] / cost_scale
+    offset = float(cost.sum()) / cost_scale   # the diagonal: every node once
+
+    integral_rows = bool(integral and np.all(np.abs(A.data - np.round(A.data)) < 1e-9))
+    model = SparseModel(c, offset, A.tocsr(), row_lo, row_hi, col_lo, col_hi, integer, cost_scale, integral_rows)
+    form = CheckmateFormulation(
+        graph=graph, budget_bytes=int(budget_bytes), model=model, mem_unit_bytes=unit, cap_units=float(cap),
+        r_col=r_col, s_col=s_col, r_fixed=r_fixed, s_fixed=s_fixed,
+        free_t=f_t, free_i=f_i, free_k=f_k, free_col0=free_col0,
+        u_t=u_t, u_k=u_k, u_col0=u_col0, exact_free=exact_free,
+        stats={"R": int(r_is_var.sum()), "S": int(s_is_var.sum()), "FREE": int(nf), "U": int(nu),
+               "rows": int(A.shape[0]), "nonzeros": int(A.nnz)},
+    )
+    return form

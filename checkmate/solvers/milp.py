@@ -1,0 +1,379 @@
+"""Optimal schedules: the Checkmate MILP, its LP relaxation with rounding, and the LP lower bound.
+
+All three share :mod:`checkmate.solvers.formulation` and a backend from
+:mod:`checkmate.solvers.backends`. Whatever a solver answers, the schedule handed back is rebuilt from
+its retention matrix S alone (useless holds pruned, R re-derived as the minimal recomputation) and
+replayed by the simulator; a solution is only used if that replay fits the budget.
+
+Minimum feasible budget (carried by :class:`InfeasibleBudgetError`): the peak of the lowest-peak
+schedule found by a min-peak MILP under a short time limit, seeded with the lowest-peak baseline. A
+schedule with that peak exists (it was replayed), so the budget it names is always feasible; it is the
+exact minimum whenever that MILP finished (the message says which), and never below
+``max_k (mem[k] + inputs of k) + fixed``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
+from checkmate.schedule import Schedule, minimal_recompute
+from checkmate.simulate import simulate
+from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, get_backend
+from checkmate.solvers.formulation import CheckmateFormulation, SparseModel, build_formulation
+
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.graph import Graph
+    from checkmate.solvers import SolveOptions, StrategyOutput
+
+__all__ = ["checkmate_milp", "checkmate_lp_rounding", "lower_bound_lp", "minimum_feasible_budget",
+           "schedule_from_retain", "prune_retention", "MinimumBudget"]
+
+# Time the min-peak search may take when a budget turns out infeasible (bounded by the caller's limit).
+_MIN_BUDGET_TIME_S = 30.0
+# Random roundings tried after the threshold sweep.
+_RANDOM_ROUNDINGS = 64
+
+
+# ---------------------------------------------------------------------------------- schedules
+def _forced_retention(graph: "Graph") -> np.ndarray:
+    """Cells every schedule must hold: outputs after they are computed; non-recomputable values while
+    a descendant may still run (recomputing them is forbidden)."""
+    n = graph.n
+    from checkmate.solvers.formulation import _max_strict_descendant
+
+    t = np.arange(n)[:, None]
+    i = np.arange(n)[None, :]
+    forced = (i < t) & graph.output[None, :]
+    maxdesc = _max_strict_descendant(graph)
+    forced |= (i < t) & ~graph.recomputable[None, :] & (t <= maxdesc[None, :])
+    return forced
+
+
+def prune_retention(graph: "Graph", retain: np.ndarray) -> np.ndarray:
+    """Drop holds that nothing uses: ``S[t, i]`` when stage ``t`` neither reads ``i`` (under the minimal
+    recomputation) nor holds it into ``t + 1``, and ``i`` is not an output.
+
+    Such a hold only costs memory (the value sits there until the end of the stage). Going from the
+    last stage back settles each stage once: a stage's needs depend only on its own S row and the next.
+    """
+    n = graph.n
+    S = np.array(retain, dtype=bool)
+    S &= np.tri(n, k=-1, dtype=bool)
+    deps = graph.deps
+    output = graph.output
+    for t in range(n - 1, 0, -1):
+        held = S[t]
+        keep_next = S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
+        need = np.zeros(t + 1, dtype=bool)
+        need[t] = True
+        need |= keep_next[: t + 1] & ~held[: t + 1]
+        used = np.zeros(n, dtype=bool)
+        for k in range(t, -1, -1):
+            if need[k]:
+                for d in deps[k]:
+                    used[d] = True
+                    if not held[d]:
+                        need[d] = True
+        useless = held & ~used & ~keep_next & ~output
+        S[t, useless] = False
+    return S
+
+
+def schedule_from_retain(graph: "Graph", retain: np.ndarray) -> Schedule:
+    """The schedule of a retention matrix: forced holds added, useless holds pruned, minimal R."""
+    S = np.asarray(retain, dtype=bool) | _forced_retention(graph)
+    S = prune_retention(graph, S)
+    return Schedule.from_matrices(graph, minimal_recompute(graph, S), S)
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    schedule: Schedule
+    cost: float
+    peak_bytes: int
+    source: str
+
+
+def _evaluate(graph: "Graph", schedule: Schedule, source: str) -> _Candidate | None:
+    sim = simulate(graph, schedule)
+    if not sim.valid:
+        return None
+    return _Candidate(schedule, sim.compute_cost, sim.peak_memory_bytes, source)
+
+
+def _baseline_candidates(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> list[_Candidate]:
+    """Every registered baseline's schedule, replayed (those that fail or do not exist are skipped)."""
+    from checkmate.solvers import STRATEGIES, SolveOptions
+
+    out = []
+    opts = SolveOptions(time_limit_s=options.time_limit_s, seed=options.seed)
+    for spec in STRATEGIES.values():
+        if not spec.target.startswith("checkmate.solvers.baselines:"):
+            continue
+        try:
+            result = spec.fn(graph, budget_bytes, opts)
+        except (CheckmateError, AttributeError, ImportError, NotImplementedError):
+            continue
+        if result.schedule is None:
+            continue
+        cand = _evaluate(graph, result.schedule, spec.name)
+        if cand is not None:
+            out.append(cand)
+    return out
+
+
+def _trivial_lower_bound(graph: "Graph") -> int:
+    need = graph.mem.astype(np.int64).copy()
+    for k, deps in enumerate(graph.deps):
+        need[k] += int(graph.mem[list(deps)].sum()) if deps else 0
+    return int(graph.fixed_mem) + int(need.max(initial=0))
+
+
+# ---------------------------------------------------------------------------------- options
+def _deadline(options: "SolveOptions") -> float | None:
+    return None if options.time_limit_s is None else time.perf_counter() + float(options.time_limit_s)
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(deadline - time.perf_counter(), 0.01)
+
+
+def _build(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> CheckmateFormulation:
+    extra = dict(options.extra or {})
+    return build_formulation(graph, budget_bytes, exact_free=bool(extra.get("exact_free", False)),
+                             integral_s_only=bool(extra.get("integral_s_only", False)))
+
+
+def _solver_label(backend) -> str:
+    return getattr(backend, "label", backend.name)
+
+
+# ---------------------------------------------------------------------------------- minimum budget
+@dataclass(frozen=True)
+class MinimumBudget:
+    """``feasible_bytes``: a budget at which a (replayed) schedule exists; ``lower_bytes``: no schedule
+    peaks lower; ``proven``: the two meet (within the solver's tolerance)."""
+
+    feasible_bytes: int
+    lower_bytes: int
+    proven: bool
+    schedule: Schedule
+
+
+def _min_peak_model(form: CheckmateFormulation) -> SparseModel:
+    """Minimise a peak column P >= every U (the budget rows lifted)."""
+    import scipy.sparse as sp
+
+    m = form.model
+    nu = form.u_t.size
+    num = m.num_cols + 1
+    p_col = m.num_cols
+    rows_u = sp.csr_matrix((np.r_[np.ones(nu), -np.ones(nu)],
+                            (np.r_[np.arange(nu), np.arange(nu)],
+                             np.r_[form.u_col0 + np.arange(nu), np.full(nu, p_col)])), shape=(nu, num))
+    A = sp.vstack([sp.hstack([m.A, sp.csr_matrix((m.num_rows, 1))]), rows_u]).tocsr()
+    col_hi = np.r_[m.col_hi, np.inf]
+    col_hi[form.u_col0:form.u_col0 + nu] = np.inf
+    c = np.zeros(num)
+    c[p_col] = 1.0
+    return SparseModel(c, 0.0, A, np.r_[m.row_lo, np.full(nu, -np.inf)], np.r_[m.row_hi, np.zeros(nu)],
+                       np.r_[m.col_lo, 0.0], col_hi, np.r_[m.integer, False], 1.0, False)
+
+
+def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_limit_s: float | None = None,
+                            candidates: list[_Candidate] | None = None) -> MinimumBudget:
+    """The smallest budget at which a schedule exists, as far as a time-limited min-peak MILP finds."""
+    limit = _MIN_BUDGET_TIME_S if time_limit_s is None else time_limit_s
+    trivial = _trivial_lower_bound(graph)
+    pool = list(candidates or []) + _baseline_candidates(graph, 2**62, options)
+    best = min(pool, key=lambda c: c.peak_bytes)
+    if best.peak_bytes <= trivial:
+        return MinimumBudget(best.peak_bytes, trivial, True, best.schedule)
+    form = build_formulation(graph, 2**62)
+    model = _min_peak_model(form)
+    backend = get_backend(options.solver)
+    start = None
+    if backend.supports_mip_start:
+        x = form.encode(best.schedule.recompute, best.schedule.retain)
+        start = np.r_[x, float(best.peak_bytes - graph.fixed_mem) / form.mem_unit_bytes]
+    res = backend.solve(model, time_limit_s=limit, mip_gap=0.0, threads=options.threads, verbose=options.verbose,
+                        mip_start=start)
+    lower = trivial
+    if res.bound is not None and math.isfinite(res.bound):
+        # the bound is in memory units; round down to stay a lower bound under solver tolerances
+        lower = max(lower, int(math.floor(res.bound * form.mem_unit_bytes * (1 - 1e-9))) + int(graph.fixed_mem))
+    if res.x is not None:
+        _, S = form.decode(res.x[:-1])
+        cand = _evaluate(graph, schedule_from_retain(graph, S), "min-peak MILP")
+        if cand is not None and cand.peak_bytes < best.peak_bytes:
+            best = cand
+    lower = min(lower, best.peak_bytes)
+    proven = res.status == OPTIMAL or best.peak_bytes <= lower
+    if proven:
+        lower = best.peak_bytes
+    return MinimumBudget(best.peak_bytes, lower, proven, best.schedule)
+
+
+def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", strategy: str,
+                deadline: float | None, why: str) -> InfeasibleBudgetError:
+    remaining = _remaining(deadline)
+    limit = _MIN_BUDGET_TIME_S if remaining is None else min(_MIN_BUDGET_TIME_S, remaining)
+    try:
+        mb = minimum_feasible_budget(graph, options, time_limit_s=limit)
+        feasible = mb.feasible_bytes
+        detail = (f"the minimum feasible budget is {feasible} bytes" if mb.proven else
+                  f"a schedule fits in {feasible} bytes and none in less than {mb.lower_bytes}")
+    except CheckmateError as exc:
+        feasible = None
+        detail = f"the minimum feasible budget could not be established ({exc})"
+    return InfeasibleBudgetError(f"no schedule fits in {budget_bytes} bytes ({why}); {detail}",
+                                 budget_bytes=budget_bytes, min_feasible_budget_bytes=feasible, strategy=strategy)
+
+
+# ---------------------------------------------------------------------------------- strategies
+def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+    """Solve the MILP; return the cheapest replayed schedule that fits, with the proven lower bound.
+
+    The best fitting baseline is handed to the solver as a MIP start (where the backend takes one) and
+    is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
+    returned schedule is within ``options.mip_gap`` of the proven bound.
+    """
+    from checkmate.solvers import StrategyOutput
+
+    deadline = _deadline(options)
+    backend = get_backend(options.solver)
+    label = _solver_label(backend)
+    if budget_bytes < _trivial_lower_bound(graph):
+        raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline,
+                          "some node's inputs and output alone exceed it")
+    form = _build(graph, budget_bytes, options)
+    starts = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
+    start = min(starts, key=lambda c: c.cost) if starts else None
+    x0 = None
+    if start is not None and backend.supports_mip_start:
+        x0 = form.encode(start.schedule.recompute, start.schedule.retain)
+    res = backend.solve(form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
+                        threads=options.threads, verbose=options.verbose, mip_start=x0)
+    if res.status == INFEASIBLE:
+        if start is not None:
+            raise SolverError(f"{label} reports the budget infeasible, yet the {start.source} schedule fits "
+                              f"({start.peak_bytes} <= {budget_bytes} bytes); try another solver")
+        raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, f"{label} proved it")
+
+    pool = [start] if start is not None else []
+    over = None
+    if res.x is not None:
+        _, S = form.decode(res.x)
+        cand = _evaluate(graph, schedule_from_retain(graph, S), label)
+        if cand is not None and cand.peak_bytes <= budget_bytes:
+            pool.append(cand)
+        elif cand is not None:
+            over = cand.peak_bytes
+    if not pool:
+        if res.status == NO_SOLUTION:
+            raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
+                              f"{budget_bytes} bytes; raise time_limit_s or the budget")
+        raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
+    best = min(pool, key=lambda c: c.cost)
+    bound = None if res.bound is None else res.bound * form.model.objective_scale
+    if bound is not None:
+        bound = min(bound, best.cost)
+    gap = None if bound is None else (best.cost - bound) / best.cost if best.cost > 0 else 0.0
+    optimal = gap is not None and gap <= options.mip_gap + 1e-9
+    if optimal:
+        status = "optimal" if gap <= 1e-9 else f"optimal within {gap:.2%}"
+    elif res.status in (FEASIBLE, NO_SOLUTION):
+        status = "time limit" + (f", gap {gap:.2%}" if gap is not None else "")
+    else:
+        status = res.message or res.status
+    if best.source != label:
+        status += f" (best schedule: {best.source} start)"
+    return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal, status=status, solver=label)
+
+
+def _solve_relaxation(graph: "Graph", budget_bytes: int, options: "SolveOptions", strategy: str):
+    deadline = _deadline(options)
+    backend = get_backend(options.solver)
+    label = _solver_label(backend)
+    if budget_bytes < _trivial_lower_bound(graph):
+        raise _infeasible(graph, budget_bytes, options, strategy, deadline,
+                          "some node's inputs and output alone exceed it")
+    form = _build(graph, budget_bytes, options)
+    res = backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
+                        threads=options.threads, verbose=options.verbose)
+    if res.status == INFEASIBLE:
+        raise _infeasible(graph, budget_bytes, options, strategy, deadline, f"even the LP relaxation is infeasible ({label})")
+    if res.status != OPTIMAL or res.x is None:
+        raise SolverError(f"{label} did not solve the LP relaxation ({res.message or res.status}); "
+                          "raise time_limit_s")
+    return form, res, label, deadline
+
+
+def lower_bound_lp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+    """The LP relaxation's optimum: no schedule within the budget costs less."""
+    from checkmate.solvers import StrategyOutput
+
+    form, res, label, _ = _solve_relaxation(graph, budget_bytes, options, "lower_bound_lp")
+    return StrategyOutput(None, lower_bound=res.objective * form.model.objective_scale, optimal=False,
+                          status="LP relaxation solved", solver=label)
+
+
+def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, budget_bytes: int, *,
+                     seed: int = 0, samples: int = _RANDOM_ROUNDINGS,
+                     deadline: float | None = None) -> list[_Candidate]:
+    """Round the relaxed S: a deterministic sweep over thresholds, then randomized rounding.
+
+    Each rounded S becomes a schedule (forced holds added, useless ones pruned, minimal R); only those
+    whose replayed peak fits the budget are returned.
+    """
+    S_frac = form.retain_values(x)
+    lower = np.tri(graph.n, k=-1, dtype=bool)
+    values = np.unique(S_frac[lower & (S_frac > 1e-6)])
+    thresholds = np.unique(np.r_[values, np.linspace(0.05, 1.0, 20)])
+    if thresholds.size > 60:   # keep the sweep short on big graphs: quantiles of the fractional values
+        thresholds = np.unique(np.quantile(thresholds, np.linspace(0, 1, 60)))
+    out: list[_Candidate] = []
+    seen: set[bytes] = set()
+
+    def consider(S: np.ndarray, source: str) -> None:
+        key = np.packbits(S).tobytes()
+        if key in seen:
+            return
+        seen.add(key)
+        cand = _evaluate(graph, schedule_from_retain(graph, S), source)
+        if cand is not None and cand.peak_bytes <= budget_bytes:
+            out.append(cand)
+
+    for tau in thresholds:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        consider(lower & (S_frac >= tau - 1e-9), f"threshold {tau:.3f}")
+    rng = np.random.default_rng(seed)
+    for s in range(samples):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        consider(lower & (rng.random(S_frac.shape) < S_frac), f"random #{s}")
+    return out
+
+
+def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+    """LP relaxation, then threshold and randomized rounding of S; the cheapest rounding that fits."""
+    from checkmate.solvers import StrategyOutput
+
+    form, res, label, deadline = _solve_relaxation(graph, budget_bytes, options, "checkmate_lp_rounding")
+    bound = res.objective * form.model.objective_scale
+    found = round_relaxation(graph, form, res.x, budget_bytes, seed=options.seed, deadline=deadline)
+    if not found:
+        raise SolverError(f"no rounding of the LP relaxation fits {budget_bytes} bytes; "
+                          "use checkmate_milp for this budget")
+    best = min(found, key=lambda c: c.cost)
+    bound = min(bound, best.cost)
+    gap = (best.cost - bound) / best.cost if best.cost > 0 else 0.0
+    return StrategyOutput(best.schedule, lower_bound=bound, optimal=gap <= options.mip_gap + 1e-9,
+                          status=f"LP rounding ({best.source}), gap {gap:.2%}", solver=label)
