@@ -346,8 +346,9 @@ def classify_ops(traced: TracedStep) -> list[OpInfo]:
         for t in op.outputs:
             size = _tensor_bytes(t)
             if size is None:
+                kind = "an opaque function call or loop whose " if opaque else ""
                 raise UnsupportedOpError(
-                    f"cannot size op {op.name!r} ({op.type}): {_describe_unsizeable(t)}; "
+                    f"cannot size op {op.name!r} ({op.type}): {kind}{_describe_unsizeable(t)}; "
                     + _unsizeable_hint(op, ops))
             sizes.append(size)
         info.out_bytes = tuple(sizes)

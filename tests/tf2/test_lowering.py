@@ -198,3 +198,147 @@ def test_bad_specs_and_level():
         lower(mlp(), XENT, tf.TensorSpec((None, 8)), tf.TensorSpec((None,), tf.int32))
     with pytest.raises(InvalidArgumentError, match="level"):
         lower(mlp(), XENT, *specs((8,)), level="block")
+
+
+# ------------------------------------------------------------------------------------- layer level
+def test_layer_level_mlp_one_forward_and_backward_node_per_layer():
+    lg = lower_mlp(level="layer")
+    assert_contract(lg)
+    g = lg.graph
+    assert g.names == ("dense0", "dense1", "logits", "loss",
+                       "loss_grad", "logits_grad", "dense1_grad", "dense0_grad")
+    assert [bool(b) for b in g.backward] == [False] * 4 + [True] * 4
+    edges = set(g.edges)
+    # forward chain, backward chain, and each backward node reads its layer's input and output
+    assert {(0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6), (6, 7)} <= edges
+    assert (1, 5) in edges and (0, 6) in edges and (1, 6) in edges and (0, 7) in edges
+    # 3 + 3 chain edges, loss -> loss_grad, and the four reads of forward activations above
+    assert len(edges) == 11
+    # outputs: the loss and the layers' weight gradients
+    assert [g.names[i] for i in np.flatnonzero(g.output)] == ["loss", "logits_grad", "dense1_grad", "dense0_grad"]
+    # every op of a layer node carries the layer's name scope
+    for nid, ops in enumerate(lg.node_ops):
+        layer = g.names[nid].removesuffix("_grad")
+        if layer != "loss":
+            assert all(f"{layer}_1/" in op or f"/{layer}/" in op or op.startswith("AddN") for op in ops), ops
+
+
+def test_layer_level_mem_counts_tensors_used_outside_the_node():
+    lg = lower_mlp(level="layer")
+    g = lg.graph
+    # dense0's MatMul and BiasAdd are consumed inside the layer; only the ReLU output leaves it
+    assert g.mem[0] == BATCH * 16 * 4
+    assert lg.metadata["workspace_bytes"][0] == BATCH * 16 * 4  # MatMul+BiasAdd live together once
+    # dense0's backward produces the two weight gradients (outputs); no gradient w.r.t. the batch
+    assert g.mem[7] == (8 * 16 + 16) * 4
+    # summed over nodes, layer mem never exceeds the op-level total
+    assert g.mem.sum() < lower_mlp(level="op").graph.mem.sum()
+
+
+def test_layer_level_cnn_contract_and_split():
+    lg = lower(small_cnn(), XENT, *specs((8, 8, 3)), level="layer")
+    assert_contract(lg)
+    g = lg.graph
+    forward = [g.names[i] for i in g.forward_nodes]
+    assert forward == ["conv1", "pool1", "conv2", "flatten", "logits", "loss"]
+    backward = [g.names[i] for i in g.backward_nodes]
+    assert backward == ["loss_grad", "logits_grad", "flatten_grad", "conv2_grad", "pool1_grad", "conv1_grad"]
+
+
+# ------------------------------------------------------------------------------------- recomputability
+def _bn_dropout_mlp():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(16, activation="relu", name="d1")(inp)
+    h = keras.layers.Dropout(0.5, name="drop")(h)
+    h = keras.layers.BatchNormalization(name="bn")(h)
+    out = keras.layers.Dense(4, name="d2")(h)
+    return keras.Model(inp, out)
+
+
+def test_op_level_flags_reads_of_assigned_variables_and_assigns():
+    lg = lower(_bn_dropout_mlp(), XENT, *specs((8,)), level="op")
+    assert_contract(lg)
+    fg = lg.function.graph
+    g = lg.graph
+    flagged = {lg.node_ops[i][0] for i in np.flatnonzero(~g.recomputable)}
+    types = sorted(fg.get_operation_by_name(n).type for n in flagged)
+    # dropout: two reads of the seed + its increment; BatchNorm: two moving-statistic reads + two updates
+    assert types == ["AssignVariableOp"] * 3 + ["ReadVariableOp"] * 4
+    for name in flagged:
+        op = fg.get_operation_by_name(name)
+        if op.type == "AssignVariableOp":
+            assert g.mem[lg.op_node[name]] == 0
+    # reads of the trainable weights (never assigned by the step) are static, not nodes
+    kernel_reads = [op.name for op in fg.get_operations()
+                    if op.type == "ReadVariableOp" and "/d1_1/" in op.name]
+    assert kernel_reads and not any(n in lg.op_node for n in kernel_reads)
+    # the stateless random ops that draw the dropout mask are recomputable (same seed value, same mask)
+    rng = [n for n in lg.op_node if fg.get_operation_by_name(n).type == "StatelessRandomUniformV2"]
+    assert rng and all(g.recomputable[lg.op_node[n]] for n in rng)
+
+
+def test_layer_level_bn_and_dropout_state_nodes():
+    lg = lower(_bn_dropout_mlp(), XENT, *specs((8,)), level="layer")
+    assert_contract(lg)
+    g = lg.graph
+    fg = lg.function.graph
+    non_recomputable = sorted(g.names[i] for i in np.flatnonzero(~g.recomputable))
+    assert non_recomputable == ["bn:state", "drop:state"]
+    # the layers' activations stay recomputable
+    for name in ("bn", "drop", "d1", "d2"):
+        assert g.recomputable[g.names.index(name)]
+    state_types = {g.names[i]: sorted(fg.get_operation_by_name(o).type for o in lg.node_ops[i])
+                   for i in np.flatnonzero(~g.recomputable)}
+    assert state_types["bn:state"].count("AssignVariableOp") == 2
+    assert state_types["drop:state"].count("AssignVariableOp") == 1
+    assert state_types["drop:state"].count("ReadVariableOp") == 2
+    # the mask depends on the seed read: drop:state -> drop
+    assert g.names.index("drop:state") in g.deps[g.names.index("drop")]
+    # the statistics update depends on the batch moments: bn -> bn:state
+    assert g.names.index("bn") in g.deps[g.names.index("bn:state")]
+
+
+def test_stateful_random_op_is_not_recomputable():
+    class Noise(keras.layers.Layer):
+        def call(self, x):
+            return x + tf.random.uniform(tf.shape(x))  # stateful RandomUniform
+
+    inp = keras.Input((8,))
+    out = keras.layers.Dense(3, name="d")(Noise(name="noise")(inp))
+    lg = lower(keras.Model(inp, out), XENT, *specs((8,)), level="op")
+    fg = lg.function.graph
+    name = next(n for n in lg.op_node if fg.get_operation_by_name(n).type == "RandomUniform")
+    assert not lg.graph.recomputable[lg.op_node[name]]
+
+
+# ------------------------------------------------------------------------------------- unsupported
+def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
+    @tf.function
+    def inner(a):
+        return tf.nn.relu(a) * 2.0
+
+    class Opaque(keras.layers.Layer):
+        def call(self, x):
+            return x + tf.stop_gradient(inner(x))
+
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(6, name="d")(inp)
+    out = keras.layers.Dense(3, name="o")(Opaque(name="opq")(h))
+    model = keras.Model(inp, out)
+    with pytest.warns(UserWarning, match="opaque"):
+        lg = lower(model, XENT, *specs((8,)), level="op")
+    fg = lg.function.graph
+    call = next(n for n in lg.op_node if fg.get_operation_by_name(n).type == "PartitionedCall")
+    nid = lg.op_node[call]
+    assert lg.node_ops[nid] == (call,)
+    assert not lg.graph.recomputable[nid]
+    assert lg.graph.mem[nid] == BATCH * 6 * 4
+    assert lg.metadata["warnings"]
+
+
+def test_loop_with_variant_tensors_is_an_error_naming_the_op():
+    inp = keras.Input((5, 3))
+    out = keras.layers.Dense(2)(keras.layers.LSTM(4, name="lstm")(inp))
+    with pytest.raises(UnsupportedOpError, match=r"lstm.*while.*loop|cannot size op .*lstm"):
+        lower(keras.Model(inp, out), "mse", tf.TensorSpec((BATCH, 5, 3)), tf.TensorSpec((BATCH, 2)), level="op")
