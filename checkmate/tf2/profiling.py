@@ -234,7 +234,9 @@ def _node_program(graph: tf.Graph, graph_def, op_names: Sequence[str]) -> _NodeP
                 continue
             if t.op.type == "Const":
                 consts[t.op.name] = t.op.name
-                out.node.add().CopyFrom(nodes_by_name[t.op.name])
+                copied = out.node.add()
+                copied.CopyFrom(nodes_by_name[t.op.name])
+                del copied.input[:]  # a constant's only inputs are control edges from outside the node
                 value = nodes_by_name[t.op.name].attr["value"].tensor.SerializeToString(deterministic=True)
                 signature_inputs.append(["const", hashlib.sha256(value).hexdigest()[:16]])
                 continue
