@@ -342,3 +342,38 @@ def test_loop_with_variant_tensors_is_an_error_naming_the_op():
     out = keras.layers.Dense(2)(keras.layers.LSTM(4, name="lstm")(inp))
     with pytest.raises(UnsupportedOpError, match=r"lstm.*while.*loop|cannot size op .*lstm"):
         lower(keras.Model(inp, out), "mse", tf.TensorSpec((BATCH, 5, 3)), tf.TensorSpec((BATCH, 2)), level="op")
+
+
+@pytest.mark.parametrize("level", ["op", "layer"])
+@pytest.mark.parametrize("name", ["residual_cnn", "transformer"])
+def test_contract_holds_for_test_models(name, level):
+    from checkmate.tf2 import zoo
+
+    model, loss, xs, ys = zoo.build_model(name, batch_size=2, input_shape=(8, 8, 3) if name == "residual_cnn" else (4, 8))
+    lg = lower(model, loss, xs, ys, level=level)
+    assert_contract(lg)
+    assert lg.level == level
+
+
+def test_sequential_and_subclassed_models():
+    keras.utils.set_random_seed(0)
+    seq = keras.Sequential([keras.Input((8,)), keras.layers.Dense(5, activation="relu", name="a"),
+                            keras.layers.Dense(3, name="b")])
+    lg = lower(seq, XENT, *specs((8,)), level="layer")
+    assert_contract(lg)
+    assert lg.graph.names == ("a", "b", "loss", "loss_grad", "b_grad", "a_grad")
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first = keras.layers.Dense(5, activation="relu", name="first")
+            self.second = keras.layers.Dense(3, name="second")
+
+        def call(self, x, training=False):
+            return self.second(self.first(x))
+
+    net = Net()
+    net(tf.zeros((BATCH, 8)))
+    lg = lower(net, XENT, *specs((8,)), level="layer")
+    assert_contract(lg)
+    assert lg.graph.names == ("first", "second", "loss", "loss_grad", "second_grad", "first_grad")
