@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import networkx as nx
 import numpy as np
@@ -74,6 +74,9 @@ __all__ = ["lower", "trace_step", "LEVELS", "cli_extract"]
 
 LEVELS = ("op", "layer")
 COST_MODELS = ("flops", "profile")
+# Layer-level name of the loss function's ops, and of model ops no layer call created.
+LOSS_LAYER = "loss"
+_UNATTRIBUTED = "model"
 
 # Ops that read a resource without changing it: static when the resource is never written.
 _RESOURCE_READ_TYPES = frozenset({
@@ -489,10 +492,6 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo]) -> dict[int, str]
     return layer
 
 
-LOSS_LAYER = "loss"
-_UNATTRIBUTED = "model"
-
-
 def _span_of(i: int, spans, traced) -> str | None:
     for name, start, end in spans:
         if start <= i < end:
@@ -564,7 +563,7 @@ def _split_by_recomputability(ops: list[int], infos: Sequence[OpInfo]) -> list[t
 
 
 def _outside_users(ops: list[int], infos: Sequence[OpInfo]) -> dict[int, bool]:
-    """Whether each op of ``ops`` has a consumer outside ``ops`` (computed lazily per call)."""
+    """Whether each op of ``ops`` has a consumer outside ``ops``."""
     members = {infos[i].op.name for i in ops}
     result: dict[int, bool] = {}
     for i in ops:
