@@ -324,13 +324,51 @@ def lower_bound_lp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
                           status="LP relaxation solved", solver=label)
 
 
+def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
+                     deadline: float | None = None) -> _Candidate | None:
+    """Greedily drop holds until the replayed peak fits, or give up (None).
+
+    At each step the schedule's peak moment is inspected; for every value held on entry to that stage
+    (and not forced), dropping the hold from that stage until the value is next recomputed is tried,
+    and the drop with the least added cost per byte of peak removed is kept.
+    """
+    forced = _forced_retention(graph)
+    current = _evaluate(graph, schedule, "repair")
+    if current is None:
+        return None
+    n = graph.n
+    while current.peak_bytes > budget_bytes:
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        t = simulate(graph, current.schedule).peak_step.stage
+        S = current.schedule.retain
+        best, best_score = None, math.inf
+        for i in np.flatnonzero(S[t] & ~forced[t]):
+            S2 = np.array(S)
+            end = t
+            while end < n and S2[end, i]:
+                S2[end, i] = False
+                end += 1
+            cand = _evaluate(graph, schedule_from_retain(graph, S2), "repair")
+            if cand is None or cand.peak_bytes >= current.peak_bytes:
+                continue
+            score = (cand.cost - current.cost) / (current.peak_bytes - cand.peak_bytes)
+            if score < best_score:
+                best, best_score = cand, score
+        if best is None:
+            return None
+        current = best
+    return current
+
+
 def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, budget_bytes: int, *,
-                     seed: int = 0, samples: int = _RANDOM_ROUNDINGS,
+                     seed: int = 0, samples: int = _RANDOM_ROUNDINGS, repairs: int = 3,
                      deadline: float | None = None) -> list[_Candidate]:
     """Round the relaxed S: a deterministic sweep over thresholds, then randomized rounding.
 
-    Each rounded S becomes a schedule (forced holds added, useless ones pruned, minimal R); only those
-    whose replayed peak fits the budget are returned.
+    Each rounded S becomes a schedule (forced holds added, useless ones pruned, minimal R); those whose
+    replayed peak fits the budget are returned. If none fits, the ``repairs`` roundings that overshoot
+    least are repaired by :func:`repair_to_budget` (still replayed: nothing is scaled or fudged).
     """
     S_frac = form.retain_values(x)
     lower = np.tri(graph.n, k=-1, dtype=bool)
@@ -339,6 +377,7 @@ def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, 
     if thresholds.size > 60:   # keep the sweep short on big graphs: quantiles of the fractional values
         thresholds = np.unique(np.quantile(thresholds, np.linspace(0, 1, 60)))
     out: list[_Candidate] = []
+    over: list[_Candidate] = []
     seen: set[bytes] = set()
 
     def consider(S: np.ndarray, source: str) -> None:
@@ -347,8 +386,9 @@ def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, 
             return
         seen.add(key)
         cand = _evaluate(graph, schedule_from_retain(graph, S), source)
-        if cand is not None and cand.peak_bytes <= budget_bytes:
-            out.append(cand)
+        if cand is None:
+            return
+        (out if cand.peak_bytes <= budget_bytes else over).append(cand)
 
     for tau in thresholds:
         if deadline is not None and time.perf_counter() > deadline:
@@ -359,6 +399,11 @@ def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, 
         if deadline is not None and time.perf_counter() > deadline:
             break
         consider(lower & (rng.random(S_frac.shape) < S_frac), f"random #{s}")
+    if not out:
+        for cand in sorted(over, key=lambda c: (c.peak_bytes, c.cost))[:repairs]:
+            fixed = repair_to_budget(graph, cand.schedule, budget_bytes, deadline=deadline)
+            if fixed is not None:
+                out.append(_Candidate(fixed.schedule, fixed.cost, fixed.peak_bytes, cand.source + ", repaired"))
     return out
 
 

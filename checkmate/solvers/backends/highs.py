@@ -23,6 +23,23 @@ class HighsBackend(Backend):
 
     def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None,
               extra_options=None):
+        began = time.perf_counter()
+        result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options)
+        if mip_start is not None and result.x is not None and result.objective is not None:
+            # HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP start
+            # after postsolve. Trust only what the returned vector achieves; when it falls short of
+            # the reported objective, solve again without the start.
+            achieved = float(model.c @ result.x + model.offset)
+            if achieved > result.objective + 1e-6 * max(1.0, abs(result.objective)):
+                left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - began)
+                if left is None or left > 0.05:
+                    retry = self._solve(model, left, mip_gap, threads, verbose, None, extra_options)
+                    if retry.x is not None:
+                        return retry
+                result.objective = achieved
+        return result
+
+    def _solve(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options):
         import highspy
 
         inf = highspy.kHighsInf

@@ -1,0 +1,331 @@
+"""The Checkmate MILP, its LP relaxation and rounding: replayed, bounded and compared with brute force."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cases import (SMALL_CASES, assert_valid_schedule, brute_force_optimum, random_dags, training_chain,
+                   trivial_memory_lower_bound)
+from checkmate import CheckmateError, GraphBuilder, InfeasibleBudgetError, SolverError, simulate, solve
+from checkmate.schedule import Schedule
+from checkmate.solvers import STRATEGIES, SolveOptions, checkpoint_all_peak
+from checkmate.solvers.backends import INFEASIBLE, get_backend
+from checkmate.solvers.baselines import checkpoint_all_schedule
+from checkmate.solvers.formulation import build_formulation
+from checkmate.solvers.milp import (checkmate_milp, minimum_feasible_budget, prune_retention,
+                                    schedule_from_retain)
+from checkmate import synthetic
+
+EXACT = SolveOptions(mip_gap=0.0, threads=1)
+BASELINES = [name for name, spec in STRATEGIES.items() if spec.target.startswith("checkmate.solvers.baselines:")]
+
+
+def budgets_between(graph, count=4):
+    low = trivial_memory_lower_bound(graph)
+    high = checkpoint_all_peak(graph)
+    return sorted({max(1, int(round(v))) for v in np.linspace(low, high, count)})
+
+
+def solve_raw(graph, budget, exact_free=True):
+    """The solver's own (R, S, U) for the MILP, not yet turned into a schedule."""
+    form = build_formulation(graph, budget, exact_free=exact_free)
+    res = get_backend("highs").solve(form.model, mip_gap=0.0, threads=1)
+    return form, res
+
+
+# ------------------------------------------------------------------------------ the accounting
+@pytest.mark.parametrize("name", sorted(SMALL_CASES))
+def test_milp_accounting_equals_simulator(name):
+    graph = SMALL_CASES[name]()
+    for budget in budgets_between(graph):
+        form, res = solve_raw(graph, budget)
+        if res.status == INFEASIBLE:
+            continue
+        R, S = form.decode(res.x)
+        raw = Schedule.from_matrices(graph, R, S)
+        sim = simulate(graph, raw)
+        assert sim.valid, sim.violations
+        # the solver's own U columns, the formulation's accounting and the simulator agree exactly
+        assert form.solution_peak_bytes(res.x) == sim.peak_memory_bytes
+        assert form.peak_bytes(R, S) == sim.peak_memory_bytes
+        assert sim.peak_memory_bytes <= budget
+        assert sim.compute_cost == pytest.approx(form.model.cost_of(res.x))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(max_nodes=9), st.floats(0.0, 1.0))
+def test_milp_accounting_on_random_dags(graph, where):
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = max(1, int(low + where * (high - low)))
+    form, res = solve_raw(graph, budget)
+    if res.status == INFEASIBLE:
+        return
+    R, S = form.decode(res.x)
+    sim = simulate(graph, Schedule.from_matrices(graph, R, S))
+    assert sim.valid, sim.violations
+    assert form.solution_peak_bytes(res.x) == sim.peak_memory_bytes <= budget
+    out = checkmate_milp(graph, budget, EXACT)
+    assert_valid_schedule(graph, out.schedule, budget)
+    assert form.peak_bytes(out.schedule.recompute, out.schedule.retain) == simulate(graph, out.schedule).peak_memory_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(max_nodes=10), st.integers(0, 2**32 - 1))
+def test_encoded_schedules_satisfy_every_row(graph, seed):
+    """Any valid schedule, encoded, satisfies the model at a budget equal to its own peak."""
+    rng = np.random.default_rng(seed)
+    S = np.tril(rng.random((graph.n, graph.n)) < rng.random(), -1)
+    schedule = schedule_from_retain(graph, S)
+    sim = simulate(graph, schedule)
+    assume(sim.valid)
+    form = build_formulation(graph, sim.peak_memory_bytes, exact_free=True)
+    x = form.encode(schedule.recompute, schedule.retain)
+    assert form.model.max_violation(x) < 1e-7
+    assert form.peak_bytes(schedule.recompute, schedule.retain) == sim.peak_memory_bytes
+    assert form.model.cost_of(x) == pytest.approx(sim.compute_cost)
+    # a byte less and this schedule no longer fits the model
+    tighter = form.with_budget(sim.peak_memory_bytes - 1)
+    assert tighter.model.max_violation(x) > 0
+
+
+def test_stage_structure_is_fixed():
+    graph = SMALL_CASES["unet3"]()
+    form = build_formulation(graph, 10**9)
+    n = graph.n
+    assert np.all(np.diag(form.r_fixed)) and np.all(form.r_col[np.triu_indices(n, 1)] < 0)
+    assert np.all(form.s_col[np.triu_indices(n, 0)] < 0)
+    out = np.flatnonzero(graph.output)
+    for i in out:
+        assert np.all(form.s_fixed[i + 1:, i]) and np.all(form.r_col[i + 1:, i] < 0)
+
+
+# ------------------------------------------------------------------------------ bounds and baselines
+def _baseline_costs(graph, budget):
+    costs = {}
+    for name in BASELINES:
+        try:
+            r = solve(graph, budget, name)
+        except CheckmateError:   # infeasible here, or not applicable to this graph's shape
+            continue
+        costs[name] = r.compute_cost
+    return costs
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_CASES))
+def test_lp_bound_below_milp_below_baselines(name):
+    graph = SMALL_CASES[name]()
+    for budget in budgets_between(graph):
+        try:
+            milp = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+        except InfeasibleBudgetError as exc:
+            assert exc.min_feasible_budget_bytes > budget
+            continue
+        lp = solve(graph, budget, "lower_bound_lp")
+        assert lp.schedule is None
+        assert lp.lower_bound <= milp.compute_cost + 1e-6
+        assert milp.optimal and milp.lower_bound == pytest.approx(milp.compute_cost)
+        assert_valid_schedule(graph, milp.schedule, budget)
+        for base, cost in _baseline_costs(graph, budget).items():
+            assert milp.compute_cost <= cost + 1e-6, base
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(max_nodes=10), st.floats(0.0, 1.0))
+def test_bound_order_on_random_dags(graph, where):
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = max(1, int(low + where * (high - low)))
+    try:
+        milp = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+    except InfeasibleBudgetError as exc:
+        assert exc.min_feasible_budget_bytes > budget
+        return
+    lp = solve(graph, budget, "lower_bound_lp")
+    assert lp.lower_bound <= milp.compute_cost + 1e-6
+    try:
+        rounded = solve(graph, budget, "checkmate_lp_rounding")
+    except SolverError:   # no rounding fits: allowed, the MILP is the exact strategy
+        rounded = None
+    if rounded is not None:
+        assert milp.compute_cost <= rounded.compute_cost + 1e-6
+    for base, cost in _baseline_costs(graph, budget).items():
+        assert milp.compute_cost <= cost + 1e-6, base
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(max_nodes=9))
+def test_milp_cost_is_non_increasing_in_the_budget(graph):
+    previous = None
+    for budget in budgets_between(graph, 5):
+        try:
+            cost = solve(graph, budget, "checkmate_milp", mip_gap=0.0).compute_cost
+        except InfeasibleBudgetError:
+            assert previous is None, "a larger budget cannot be infeasible"
+            continue
+        if previous is not None:
+            assert cost <= previous + 1e-6
+        previous = cost
+    assert previous == pytest.approx(graph.total_cost)   # checkpoint-all's peak allows no recomputation
+
+
+# ------------------------------------------------------------------------------ brute force
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(min_nodes=2, max_nodes=5), st.floats(0.0, 1.0))
+def test_agrees_with_brute_force(graph, where):
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = max(1, int(low + where * (high - low)))
+    best = brute_force_optimum(graph, budget)
+    try:
+        milp = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+    except InfeasibleBudgetError as exc:
+        assert best is None
+        assert brute_force_optimum(graph, exc.min_feasible_budget_bytes) is not None
+        return
+    assert best is not None
+    assert milp.compute_cost == pytest.approx(best[0])
+
+
+def _six_node_graphs():
+    b = GraphBuilder("six")
+    x = b.add_node("x", 2, 4)
+    l = b.add_node("l", 3, 6, [x])
+    r = b.add_node("r", 1, 2, [x])
+    j = b.add_node("j", 1, 4, [l, r])
+    gl = b.add_node("g_l", 2, 6, [j, l], backward=True)
+    b.add_node("g_x", 2, 4, [gl, r, x], backward=True, output=True)
+    return [training_chain(3, cost=2.0, mem=3), b.build()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("graph", _six_node_graphs(), ids=lambda g: g.name)
+def test_agrees_with_brute_force_on_six_nodes(graph):
+    assert graph.n == 6
+    for budget in budgets_between(graph, 5):
+        best = brute_force_optimum(graph, budget)
+        if best is None:
+            with pytest.raises(InfeasibleBudgetError):
+                solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+            continue
+        assert solve(graph, budget, "checkmate_milp", mip_gap=0.0).compute_cost == pytest.approx(best[0])
+
+
+# ------------------------------------------------------------------------------ flags
+def _flagged_graph():
+    b = GraphBuilder("flags")
+    x = b.add_node("x", 1, 4)
+    seed = b.add_node("seed", 1, 1, [x], recomputable=False)
+    a = b.add_node("a", 3, 6, [x, seed])
+    c = b.add_node("c", 3, 6, [a])
+    loss = b.add_node("loss", 1, 1, [c])
+    gc = b.add_node("g_c", 3, 6, [loss, a], backward=True, output=True)
+    ga = b.add_node("g_a", 3, 6, [gc, x, seed], backward=True)
+    b.add_node("g_x", 1, 4, [ga], backward=True, output=True)
+    return b.build()
+
+
+def test_non_recomputable_nodes_run_once_and_outputs_stay():
+    graph = _flagged_graph()
+    for budget in budgets_between(graph, 5):
+        try:
+            r = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+        except InfeasibleBudgetError:
+            continue
+        sim = assert_valid_schedule(graph, r.schedule, budget)
+        assert r.schedule.recompute[:, 1].sum() == 1
+        for i in np.flatnonzero(graph.output):
+            assert np.all(r.schedule.retain[i + 1:, i])
+        assert sim.peak_memory_bytes <= budget
+
+
+# ------------------------------------------------------------------------------ infeasible budgets
+@pytest.mark.parametrize("name", ["chain8", "unet3", "skip"])
+def test_infeasible_budget_carries_the_minimum(name):
+    graph = SMALL_CASES[name]()
+    mb = minimum_feasible_budget(graph, EXACT)
+    assert mb.proven and mb.feasible_bytes == mb.lower_bytes
+    assert_valid_schedule(graph, mb.schedule, mb.feasible_bytes)
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(graph, mb.feasible_bytes - 1, "checkmate_milp")
+    assert err.value.min_feasible_budget_bytes == mb.feasible_bytes
+    r = solve(graph, mb.feasible_bytes, "checkmate_milp")
+    assert r.peak_memory_bytes <= mb.feasible_bytes
+
+
+def test_budget_below_a_single_node_is_infeasible_without_solving():
+    graph = SMALL_CASES["diamond"]()
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(graph, trivial_memory_lower_bound(graph) - 1, "checkmate_milp")
+    assert err.value.min_feasible_budget_bytes >= trivial_memory_lower_bound(graph)
+
+
+# ------------------------------------------------------------------------------ limits and starts
+def test_time_limit_returns_an_incumbent_with_its_gap():
+    graph = synthetic.unet(3)
+    budget = int(0.8 * checkpoint_all_peak(graph))
+    fitting = [n for n, c in _baseline_costs(graph, budget).items()]
+    assert fitting, "the test needs a baseline that fits"
+    r = solve(graph, budget, "checkmate_milp", time_limit_s=0.05)
+    assert_valid_schedule(graph, r.schedule, budget)
+    assert r.lower_bound is None or r.lower_bound <= r.compute_cost + 1e-6
+    if not r.optimal:
+        assert "time limit" in r.status
+
+
+def test_solver_failure_is_not_reported_as_infeasible(monkeypatch):
+    from checkmate.solvers.backends import highs
+
+    def broken(self, model, **kwargs):
+        raise SolverError("HiGHS stopped with status 'kSolveError'")
+
+    monkeypatch.setattr(highs.HighsBackend, "solve", broken)
+    with pytest.raises(SolverError) as err:
+        solve(SMALL_CASES["unet3"](), "70%", "checkmate_milp")
+    assert not isinstance(err.value, InfeasibleBudgetError)
+
+
+def test_a_claimed_infeasibility_contradicted_by_a_baseline_is_a_solver_error(monkeypatch):
+    from checkmate.solvers.backends import BackendResult, highs
+
+    monkeypatch.setattr(highs.HighsBackend, "solve", lambda self, model, **kw: BackendResult(INFEASIBLE))
+    graph = SMALL_CASES["chain8"]()
+    with pytest.raises(SolverError) as err:
+        solve(graph, checkpoint_all_peak(graph), "checkmate_milp")
+    assert not isinstance(err.value, InfeasibleBudgetError)
+
+
+def test_prune_retention_drops_only_unused_holds():
+    graph = training_chain(4)
+    S = np.tril(np.ones((graph.n, graph.n), dtype=bool), -1)   # hold everything
+    pruned = prune_retention(graph, S)
+    sched = Schedule.from_retain(graph, pruned)
+    full = Schedule.from_retain(graph, S)
+    assert simulate(graph, sched).compute_cost == simulate(graph, full).compute_cost
+    assert simulate(graph, sched).peak_memory_bytes <= simulate(graph, full).peak_memory_bytes
+    assert np.array_equal(pruned, checkpoint_all_schedule(graph).retain)
+
+
+# ------------------------------------------------------------------------------ LP rounding
+@pytest.mark.parametrize("name", sorted(SMALL_CASES))
+def test_lp_rounding_fits_and_is_bounded(name):
+    graph = SMALL_CASES[name]()
+    for budget in budgets_between(graph)[1:]:
+        try:
+            r = solve(graph, budget, "checkmate_lp_rounding")
+        except InfeasibleBudgetError:
+            continue
+        except SolverError as exc:
+            assert "no rounding" in str(exc)
+            continue
+        assert_valid_schedule(graph, r.schedule, budget)
+        assert r.lower_bound <= r.compute_cost + 1e-6
+        milp = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+        assert milp.compute_cost <= r.compute_cost + 1e-6
+
+
+def test_lp_rounding_on_a_synthetic_unet():
+    graph = synthetic.unet(3)
+    budget = int(0.8 * checkpoint_all_peak(graph))
+    r = solve(graph, budget, "checkmate_lp_rounding")
+    assert_valid_schedule(graph, r.schedule, budget)
+    lp = solve(graph, budget, "lower_bound_lp")
+    assert lp.lower_bound == pytest.approx(r.lower_bound)
