@@ -172,14 +172,14 @@ def _max_strict_descendant(graph: "Graph") -> np.ndarray:
     return out
 
 
-def _mem_units(graph: "Graph", budget_bytes: int) -> tuple[float, np.ndarray, float, bool]:
+def _mem_units(graph: "Graph", budget_bytes: int, force_integral: bool = False) -> tuple[float, np.ndarray, float, bool]:
     mem = graph.mem.astype(np.int64)
     avail = int(budget_bytes) - int(graph.fixed_mem)
     nonzero = mem[mem > 0]
     if nonzero.size == 0:
         return 1.0, mem.astype(np.float64), float(avail), True
     g = int(np.gcd.reduce(nonzero))
-    if int(nonzero.sum()) // g <= _INTEGRAL_UNITS_MAX:
+    if force_integral or int(nonzero.sum()) // g <= _INTEGRAL_UNITS_MAX:
         cap = math.floor(avail / g) if avail >= 0 else -1.0
         return float(g), (mem // g).astype(np.float64), float(cap), True
     unit = float(nonzero.max()) / _FLOAT_UNITS_PER_MAX
@@ -305,14 +305,16 @@ class CheckmateFormulation:
 
 
 def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = False,
-                      integral_s_only: bool = False) -> CheckmateFormulation:
+                      integral_s_only: bool = False, integral_units: bool = False) -> CheckmateFormulation:
     """Build the MILP for ``graph`` under ``budget_bytes`` (fixed bytes included in the budget).
 
     ``integral_s_only`` declares only S integral: for a fixed integral S the minimal R is integral
     and dominates every other R, so an optimum with integral S exists; callers re-derive R anyway.
+    ``integral_units`` measures memory in gcd units however large the numbers get (for solvers that
+    need integral rows and do exact integer arithmetic, such as CP-SAT).
     """
     n = graph.n
-    unit, mem, cap, integral = _mem_units(graph, budget_bytes)
+    unit, mem, cap, integral = _mem_units(graph, budget_bytes, integral_units)
     output = graph.output
     recomputable = graph.recomputable
     maxdesc = _max_strict_descendant(graph)

@@ -144,10 +144,11 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.perf_counter(), 0.01)
 
 
-def _build(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> CheckmateFormulation:
+def _build(graph: "Graph", budget_bytes: int, options: "SolveOptions", backend) -> CheckmateFormulation:
     extra = dict(options.extra or {})
     return build_formulation(graph, budget_bytes, exact_free=bool(extra.get("exact_free", False)),
-                             integral_s_only=bool(extra.get("integral_s_only", False)))
+                             integral_s_only=bool(extra.get("integral_s_only", False)),
+                             integral_units=backend.needs_integral_rows)
 
 
 def _solver_label(backend) -> str:
@@ -183,7 +184,7 @@ def _min_peak_model(form: CheckmateFormulation) -> SparseModel:
     c = np.zeros(num)
     c[p_col] = 1.0
     return SparseModel(c, 0.0, A, np.r_[m.row_lo, np.full(nu, -np.inf)], np.r_[m.row_hi, np.zeros(nu)],
-                       np.r_[m.col_lo, 0.0], col_hi, np.r_[m.integer, False], 1.0, False)
+                       np.r_[m.col_lo, 0.0], col_hi, np.r_[m.integer, False], 1.0, m.integral_rows)
 
 
 def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_limit_s: float | None = None,
@@ -195,9 +196,9 @@ def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_lim
     best = min(pool, key=lambda c: c.peak_bytes)
     if best.peak_bytes <= trivial:
         return MinimumBudget(best.peak_bytes, trivial, True, best.schedule)
-    form = build_formulation(graph, 2**62)
-    model = _min_peak_model(form)
     backend = get_backend(options.solver)
+    form = build_formulation(graph, 2**62, integral_units=backend.needs_integral_rows)
+    model = _min_peak_model(form)
     start = None
     if backend.supports_mip_start:
         x = form.encode(best.schedule.recompute, best.schedule.retain)
@@ -252,7 +253,7 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
     if budget_bytes < _trivial_lower_bound(graph):
         raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline,
                           "some node's inputs and output alone exceed it")
-    form = _build(graph, budget_bytes, options)
+    form = _build(graph, budget_bytes, options, backend)
     starts = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
     start = min(starts, key=lambda c: c.cost) if starts else None
     x0 = None
@@ -304,7 +305,7 @@ def _solve_relaxation(graph: "Graph", budget_bytes: int, options: "SolveOptions"
     if budget_bytes < _trivial_lower_bound(graph):
         raise _infeasible(graph, budget_bytes, options, strategy, deadline,
                           "some node's inputs and output alone exceed it")
-    form = _build(graph, budget_bytes, options)
+    form = _build(graph, budget_bytes, options, backend)
     res = backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
                         threads=options.threads, verbose=options.verbose)
     if res.status == INFEASIBLE:

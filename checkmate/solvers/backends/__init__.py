@@ -66,6 +66,7 @@ class Backend:
     """One solver. Subclasses set the attributes and implement :meth:`solve`."""
 
     name = "backend"
+    label = "backend"        # how results name the solver
     mip_capable = True
     supports_mip_start = False
     needs_integral_rows = False
@@ -109,15 +110,16 @@ def get_backend(name: str | None) -> Backend:
         name = "highs"
     if not isinstance(name, str):
         raise InvalidArgumentError(f"solver must be a name, got {name!r}; choose one of: {', '.join(backend_names())}")
+    from checkmate.solvers.backends.cvxpy_backend import CVXPY_MILP_SOLVERS, CvxpyBackend
+
     key = name.strip()
-    if key.lower() in _DIRECT:
+    # lower case names the direct backends, upper case cvxpy's solvers ("highs" vs "HIGHS")
+    if key in _DIRECT or (key.lower() in _DIRECT and key.upper() not in CVXPY_MILP_SOLVERS):
         module, cls = _DIRECT[key.lower()]
         backend = getattr(importlib.import_module(module), cls)()
-    else:
-        from checkmate.solvers.backends.cvxpy_backend import CVXPY_MILP_SOLVERS, CvxpyBackend
-
-        if key.upper() not in CVXPY_MILP_SOLVERS:
-            raise InvalidArgumentError(f"unknown solver {name!r}; choose one of: {', '.join(backend_names())}")
+    elif key.upper() in CVXPY_MILP_SOLVERS:
         backend = CvxpyBackend(key.upper())
+    else:
+        raise InvalidArgumentError(f"unknown solver {name!r}; choose one of: {', '.join(backend_names())}")
     backend.check_available()
     return backend

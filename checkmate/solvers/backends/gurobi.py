@@ -52,6 +52,7 @@ def size_limited_licence_refuses(model) -> bool:
 
 class GurobiBackend(Backend):
     name = "gurobi"
+    label = "gurobi"
     supports_mip_start = True
 
     def check_available(self) -> None:

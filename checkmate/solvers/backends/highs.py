@@ -15,6 +15,7 @@ __all__ = ["HighsBackend"]
 
 class HighsBackend(Backend):
     name = "highs"
+    label = "highs"
     mip_capable = True
     supports_mip_start = True
 
