@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
     p.add_argument("--out", required=True, metavar="GRAPH.json")
-    p.set_defaults(handler=_lazy("checkmate.tf2.lowering", "cli_extract"))
+    p.set_defaults(handler=_lazy("checkmate.tf2.lowering", "cli_extract", tensorflow=True))
 
     p = sub.add_parser("compile", help="compile a zoo model for a budget, run it and report measured memory")
     p.add_argument("--model", required=True, metavar="NAME")
@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--steps", type=_positive_int, default=3, help="training steps to run and time")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_lazy("checkmate.tf2.compile", "cli_compile"))
+    p.set_defaults(handler=_lazy("checkmate.tf2.compile", "cli_compile", tensorflow=True))
 
     p = sub.add_parser("sweep", help="every strategy over a grid of budgets: CSV + plot")
     p.add_argument("graph", nargs="?", metavar="GRAPH.json")
@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--solver", default=None)
     p.add_argument("--executor", choices=("process", "ray", "serial"), default="process")
     p.add_argument("--workers", type=_positive_int, default=None)
-    p.set_defaults(handler=_lazy("checkmate.analysis.sweep", "cli_sweep"))
+    p.set_defaults(handler=_lazy("checkmate.analysis.sweep", "cli_sweep",
+                                       tensorflow=lambda args: bool(args.model)))
 
     p = sub.add_parser("max-batch", help="the largest batch size each strategy fits in a memory limit")
     p.add_argument("--model", required=True, metavar="NAME")
@@ -139,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", type=_shape, default=None, metavar="H,W,C")
     p.add_argument("--time-limit", type=_positive_float, default=None, metavar="S")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_lazy("checkmate.analysis.max_batch", "cli_max_batch"))
+    p.set_defaults(handler=_lazy("checkmate.analysis.max_batch", "cli_max_batch", tensorflow=True))
 
     p = sub.add_parser("plot", help="draw a schedule's R/S matrices and memory curve")
     p.add_argument("schedule", metavar="SCHEDULE.json")
@@ -149,13 +150,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _lazy(module: str, func: str) -> Callable[[argparse.Namespace], int]:
+def _lazy(module: str, func: str, *, tensorflow: bool | Callable[[argparse.Namespace], bool] = False
+          ) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         import importlib
 
+        if tensorflow is True or (callable(tensorflow) and tensorflow(args)):
+            _import_tensorflow_quietly()
         return getattr(importlib.import_module(module), func)(args)
 
     return handler
+
+
+def _import_tensorflow_quietly() -> None:
+    """Import TensorFlow with its C++ start-up log (written straight to fd 2) held back.
+
+    TF 2.21 prints oneDNN and CUDA-probe notices before its logging is configured, so no environment
+    variable silences them; they would bury the command's own messages. If the import fails, the held
+    back text is shown with the error.
+    """
+    import tempfile
+
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import tensorflow as tf
+
+            tf.constant(0.0)  # the device probe logs on first use; run it while fd 2 is held
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            sys.stderr.write(held.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 # ------------------------------------------------------------------------------------ handlers
@@ -281,6 +314,9 @@ def _describe(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # TensorFlow's C++ INFO/WARNING logs would bury the command's own one-line messages; a user who
+    # wants them can set the variable explicitly.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
