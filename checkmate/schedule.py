@@ -135,27 +135,40 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
     """The cheapest R that is valid for the retention matrix S.
 
     Stage ``t`` must compute node ``t``, every input of a computed node that is not held on entry,
-    and every value held into ``t+1`` that is not held on entry; nothing else. Walking the stage's
-    nodes from ``t`` down to 0 settles each in one pass because inputs have smaller ids.
+    and every value held into ``t+1`` that is not held on entry; nothing else. The needed set of a
+    stage is that closure, found by a depth-first search from its seeds that visits only needed
+    nodes (the work is proportional to the computations, not to ``n^2``).
     """
     n = graph.n
     S = np.asarray(retain, dtype=bool)
     if S.shape != (n, n):
         raise InvalidScheduleError(f"retain must be a {n}x{n} matrix, got shape {S.shape}")
     deps = graph.deps
-    R = np.zeros((n, n), dtype=bool)
+    # Seeds beyond node t: values held into t+1 (at most t) that are not held on entry to t.
+    fresh = np.zeros((n, n), dtype=bool)
+    fresh[:-1] = S[1:] & ~S[:-1]
+    fresh &= np.tri(n, dtype=bool)
+    seed_t, seed_i = np.nonzero(fresh)
+    seeds: list[list[int]] = [[] for _ in range(n)]
+    for t, i in zip(seed_t.tolist(), seed_i.tolist()):
+        seeds[t].append(i)
+    held = np.ascontiguousarray(S).view(np.uint8).tobytes()  # held[t * n + i] == S[t, i]
+    cells: list[int] = []
     for t in range(n):
-        need = np.zeros(t + 1, dtype=bool)
-        need[t] = True
-        if t + 1 < n:
-            need |= S[t + 1, : t + 1] & ~S[t, : t + 1]
-        held = S[t]
-        for k in range(t, -1, -1):
-            if need[k]:
-                for d in deps[k]:
-                    if not held[d]:
-                        need[d] = True
-        R[t, : t + 1] = need
+        base = t * n
+        if not seeds[t] and all(held[base + d] for d in deps[t]):
+            cells.append(base + t)  # the common case: only node t, all of its inputs resident
+            continue
+        stack = [t, *seeds[t]]
+        needed = set(stack)
+        while stack:
+            for d in deps[stack.pop()]:
+                if d not in needed and not held[base + d]:
+                    needed.add(d)
+                    stack.append(d)
+        cells.extend(base + k for k in needed)
+    R = np.zeros((n, n), dtype=bool)
+    R.flat[cells] = True
     return R
 
 
