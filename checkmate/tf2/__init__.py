@@ -9,7 +9,8 @@ import importlib
 
 from checkmate.tf2.lowered import LoweredGraph
 
-__all__ = ["LoweredGraph", "lower", "zoo", "build_model", "lowering", "profiling"]
+__all__ = ["LoweredGraph", "lower", "zoo", "build_model", "lowering", "profiling",
+           "compile", "CompiledStep", "RematModel", "measure_peak_memory", "generate", "codegen", "memory"]
 
 # Public name -> (module, attribute or None for the module itself).
 _LAZY = {
@@ -18,6 +19,13 @@ _LAZY = {
     "profiling": ("checkmate.tf2.profiling", None),
     "zoo": ("checkmate.tf2.zoo", None),
     "build_model": ("checkmate.tf2.zoo", "build_model"),
+    "compile": ("checkmate.tf2.compile", "compile"),
+    "CompiledStep": ("checkmate.tf2.compile", "CompiledStep"),
+    "RematModel": ("checkmate.tf2.compile", "RematModel"),
+    "measure_peak_memory": ("checkmate.tf2.memory", "measure_peak_memory"),
+    "generate": ("checkmate.tf2.codegen", "generate"),
+    "codegen": ("checkmate.tf2.codegen", None),
+    "memory": ("checkmate.tf2.memory", None),
 }
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
+import types
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
@@ -341,3 +343,14 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     lowered = lower(model, loss, input_spec, label_spec, level=level, cost_model=cost_model)
     return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
                            time_limit_s=time_limit_s, device=device, **solve_options)
+
+
+class _CallableModule(types.ModuleType):
+    """Importing this module binds ``checkmate.tf2.compile`` to it (Python sets a package attribute
+    per loaded submodule), shadowing the function of the same name; calling it compiles."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> CompiledStep:
+        return compile(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
