@@ -26,7 +26,7 @@ from checkmate.solvers.baselines import (_finish, checkpoint_all_schedule, chen_
 BASELINES = ["checkpoint_all", "checkpoint_last_node", "chen_sqrtn", "chen_greedy", "chen_sqrtn_linearized",
              "chen_greedy_linearized", "griewank_logn"]
 BUDGET_AWARE = [name for name in BASELINES if STRATEGIES[name].budget_aware]
-PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def run(graph: Graph, strategy: str, budget) -> tuple[float, int]:
@@ -38,10 +38,16 @@ def run(graph: Graph, strategy: str, budget) -> tuple[float, int]:
 
 @st.composite
 def dags_with_fixed_nodes(draw, max_nodes: int = 12):
-    """random_dags, with some nodes marked non-recomputable (they must run exactly once)."""
+    """random_dags, with some nodes marked non-recomputable (they must run exactly once) and, in some
+    graphs, arbitrary backward flags (forward and backward nodes interleaved, or all of one kind)."""
     graph = draw(random_dags(max_nodes=max_nodes))
     fixed = draw(st.lists(st.booleans(), min_size=graph.n, max_size=graph.n))
-    nodes = [replace(node, recomputable=not flag) for node, flag in zip(graph.nodes, fixed)]
+    if draw(st.booleans()):
+        backward = draw(st.lists(st.booleans(), min_size=graph.n, max_size=graph.n))
+    else:
+        backward = graph.backward.tolist()
+    nodes = [replace(node, recomputable=not flag, backward=bwd)
+             for node, flag, bwd in zip(graph.nodes, fixed, backward)]
     return Graph(nodes, graph.edges, name="random-fixed")
 
 
