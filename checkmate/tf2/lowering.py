@@ -42,12 +42,39 @@ their producers. A layer whose forward ops mix recomputable and non-recomputable
 moving-average update, Dropout's seed variable) is split into a recomputable node and a
 ``<layer>:state`` node holding the non-recomputable ops (plus the stateless ops that only feed them),
 so that the layer's activations stay recomputable. A layer node's ``mem`` is the bytes of the
-tensors it produces that are used outside it (by other nodes, or as function outputs); tensors
-consumed only inside the node are transient. Their extra peak while the node runs is reported per
-node in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's peak footprint).
+tensors it produces that are used outside it (by other nodes, or as the loss output; parameter
+gradients excepted, see below); tensors consumed only inside the node, or otherwise only by dead ops,
+are transient. Their extra peak while the node runs is reported per
+node in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's peak footprint on top of
+``fixed_mem``).
+
+Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
+computation to the end of the step (DESIGN §3), and a node's value is all of its ``mem``. At op level
+this is exact: each gradient op is a node whose value is the gradient, and the nodes producing the loss
+and the gradients are the outputs. At layer level a backward node mixes the parameter gradients
+(``Conv2DBackpropFilter``, ``BiasAddGrad``: step outputs, small) with the activation gradient it
+passes to the previous layer's backward node (``Conv2DBackpropInput``: large, dead once consumed).
+Flagging such a node ``output`` would keep every activation gradient to the end of the step and make
+every schedule peak at the end of the backward pass. So at layer level:
+
+* the parameter gradients are accounted as resident for the whole step, in ``fixed_mem``. This is
+  conservative: a gradient is counted before it is produced, an over-count of at most the trainable
+  parameters' size early in the step and of nothing at the end, where all of them are live anyway;
+* a backward node's ``mem`` (and workspace) excludes the parameter gradients: it is only what the
+  node passes to other nodes. A node whose only live outputs are parameter gradients (the first
+  layer's, whose gradient w.r.t. the batch is dead) has ``mem == 0``; it still runs its ops, once, in
+  the schedule's frontier stage;
+* ``output`` is set only on the node producing the loss, the one step output that is not a parameter
+  gradient. Its value (the loss and the tensors the loss gradient reads, ``batch x classes``) is kept
+  to the end, a small over-count.
+
+``node_ops`` and ``grad_tensors`` are the same at both accountings: the gradient ops stay in their
+layer's backward node and run whenever it is computed.
 
 ``fixed_mem`` is the bytes of every variable the step captures plus the batch (features and labels):
-always resident, never rematerializable.
+always resident, never rematerializable; at layer level, plus the parameter gradients. The two parts
+are reported in ``metadata["parameter_and_batch_bytes"]`` and ``metadata["grad_bytes"]`` (the latter
+at both levels; ``metadata["grad_bytes_in_fixed_mem"]`` says whether ``fixed_mem`` includes it).
 
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
 non-recomputable node, with a warning (its internal memory is not modelled). Tensors that cannot be
@@ -624,8 +651,16 @@ def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]
 
 
 # ------------------------------------------------------------------------------------------ graph
-def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_tensors: set[str]) -> tuple[int, int]:
-    """(mem, workspace) of a node: see the module docstring for the op- and layer-level rules."""
+def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_tensors: set[str],
+              resident_tensors: frozenset[str] = frozenset(), dead_ops: frozenset[str] = frozenset()
+              ) -> tuple[int, int]:
+    """(mem, workspace) of a node: see the module docstring for the op- and layer-level rules.
+
+    ``output_tensors`` are function outputs the node's value must include; ``resident_tensors`` are
+    function outputs accounted in ``fixed_mem`` (layer level: the parameter gradients), which count
+    neither in the node's value nor in its workspace, whoever consumes them. Consumers in
+    ``dead_ops`` never run (TF prunes them), so they do not make a tensor leave the node.
+    """
     if level == "op":
         return sum(infos[i].bytes for i in group_ops), 0
     members = {infos[i].op.name for i in group_ops}
@@ -635,7 +670,9 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     keep: set[str] = set()
     for i in group_ops:
         for k, t in enumerate(infos[i].op.outputs):
-            users = [c.name for c in t.consumers()]
+            if t.name in resident_tensors:
+                continue
+            users = [c.name for c in t.consumers() if c.name not in dead_ops]
             if t.name in output_tensors or any(u not in members for u in users):
                 external += infos[i].out_bytes[k]
                 keep.add(t.name)
@@ -646,7 +683,8 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     peak = 0
     for p, i in enumerate(group_ops):
         for k, t in enumerate(infos[i].op.outputs):
-            live[t.name] = infos[i].out_bytes[k]
+            if t.name not in resident_tensors:
+                live[t.name] = infos[i].out_bytes[k]
         peak = max(peak, sum(live.values()))
         for name in [n for n in live if n not in keep and last_use[n] <= p]:
             del live[name]
@@ -672,13 +710,22 @@ def _build(traced: TracedStep, infos: Sequence[OpInfo], groups: list[_Group], le
     order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
     new_id = {old: new for new, old in enumerate(order)}
 
-    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+    if level == "op":
+        # Each gradient op is its own node: its value is the gradient, an output of the step.
+        output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+        resident: frozenset[str] = frozenset()
+    else:
+        # The parameter gradients are in fixed_mem (see _gradient_bytes): a layer's backward node is
+        # an output only through the loss, and its value is what it passes to other nodes.
+        output_tensors = {traced.loss_tensor}
+        resident = frozenset(traced.grad_tensors)
     output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
+    dead_ops = frozenset(info.op.name for info in infos if info.dead)
     nodes, node_ops, workspace = [], [], []
     used_names: dict[str, int] = {}
     for new, old in enumerate(order):
         g = groups[old]
-        mem, ws = _node_mem(g.ops, infos, level, output_tensors)
+        mem, ws = _node_mem(g.ops, infos, level, output_tensors, resident, dead_ops)
         label = g.name
         if label in used_names:
             used_names[label] += 1
@@ -706,6 +753,12 @@ def _fixed_bytes(model: Any, traced: TracedStep) -> int:
         t = graph.get_operation_by_name(name).outputs[0]
         total += _tensor_bytes(t) or 0
     return int(total)
+
+
+def _gradient_bytes(traced: TracedStep) -> int:
+    """Bytes of the step's parameter gradients (each distinct gradient tensor once)."""
+    graph = traced.function.graph
+    return int(sum(_tensor_bytes(graph.get_tensor_by_name(t)) or 0 for t in dict.fromkeys(traced.grad_tensors)))
 
 
 def _with_costs(graph: Graph, costs: Sequence[float]) -> Graph:
@@ -747,8 +800,10 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     if not groups:
         raise UnsupportedOpError("the training step has no op that depends on the batch")
     label = name or f"{getattr(model, 'name', 'model')}-{level}"
-    graph, node_ops, op_node, workspace = _build(traced, infos, groups, level, label,
-                                                _fixed_bytes(model, traced))
+    param_batch = _fixed_bytes(model, traced)
+    grad_bytes = _gradient_bytes(traced)
+    fixed = param_batch + grad_bytes if level == "layer" else param_batch
+    graph, node_ops, op_node, workspace = _build(traced, infos, groups, level, label, fixed)
 
     from checkmate.tf2 import profiling
 
@@ -774,7 +829,10 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         "workspace_bytes": workspace,
         "static_ops": tuple(info.op.name for info in infos if info.static and not info.dead),
         "dead_ops": tuple(info.op.name for info in infos if info.dead),
-        "parameter_and_batch_bytes": graph.fixed_mem,
+        "parameter_and_batch_bytes": param_batch,
+        # bytes of the parameter gradients; part of fixed_mem at layer level, of the gradient nodes at op level
+        "grad_bytes": grad_bytes,
+        "grad_bytes_in_fixed_mem": level == "layer",
         **profile_info,
     }
     return LoweredGraph(

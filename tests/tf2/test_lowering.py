@@ -93,10 +93,18 @@ def assert_contract(lg: LoweredGraph):
     assert len(lg.grad_tensors) == len(lg.variables)
     for t, v in zip(lg.grad_tensors, lg.variables):
         assert tuple(fg.get_tensor_by_name(t).shape) == tuple(v.shape)
+    # outputs: at op level the nodes of the loss and of the gradients; at layer level only the loss
+    # node (the parameter gradients are in fixed_mem, so backward nodes are not outputs because of them)
     flagged = {nid for nid in range(g.n) if g.output[nid]}
-    expected = {lg.op_node[t.rsplit(":", 1)[0]] for t in (lg.loss_tensor, *lg.grad_tensors)
-                if t.rsplit(":", 1)[0] in lg.op_node}
+    step_outputs = (lg.loss_tensor, *lg.grad_tensors) if lg.level == "op" else (lg.loss_tensor,)
+    expected = {lg.op_node[t.rsplit(":", 1)[0]] for t in step_outputs if t.rsplit(":", 1)[0] in lg.op_node}
     assert flagged == expected
+    # every gradient op still belongs to a (backward) node, so it runs when that node is computed
+    for t in lg.grad_tensors:
+        op = t.rsplit(":", 1)[0]
+        if op in lg.op_node:
+            assert g.backward[lg.op_node[op]]
+    assert lg.metadata["grad_bytes_in_fixed_mem"] == (lg.level == "layer")
     assert fg.get_operation_by_name(lg.input_names[0]).type == "Placeholder"
     assert fg.get_operation_by_name(lg.label_names[0]).type == "Placeholder"
 
@@ -214,8 +222,16 @@ def test_layer_level_mlp_one_forward_and_backward_node_per_layer():
     assert (1, 5) in edges and (0, 6) in edges and (1, 6) in edges and (0, 7) in edges
     # 3 + 3 chain edges, loss -> loss_grad, and the four reads of forward activations above
     assert len(edges) == 11
-    # outputs: the loss and the layers' weight gradients
-    assert [g.names[i] for i in np.flatnonzero(g.output)] == ["loss", "logits_grad", "dense1_grad", "dense0_grad"]
+    # the only output is the loss: the backward nodes hold the weight gradients' ops but are not
+    # outputs because of them (the gradients are accounted in fixed_mem)
+    assert [g.names[i] for i in np.flatnonzero(g.output)] == ["loss"]
+    fg = lg.function.graph
+    for nid in g.backward_nodes:
+        grad_ops = [o for o in lg.node_ops[nid] if any(t.startswith(o + ":") for t in lg.grad_tensors)]
+        if g.names[nid] in ("logits_grad", "dense1_grad", "dense0_grad"):
+            assert grad_ops, g.names[nid]
+            assert {fg.get_operation_by_name(o).type for o in grad_ops} <= {"MatMul", "BiasAddGrad", "AddN"}
+        assert not g.output[nid]
     # every op of a layer node carries the layer's name scope
     for nid, ops in enumerate(lg.node_ops):
         layer = g.names[nid].removesuffix("_grad")
@@ -229,10 +245,67 @@ def test_layer_level_mem_counts_tensors_used_outside_the_node():
     # dense0's MatMul and BiasAdd are consumed inside the layer; only the ReLU output leaves it
     assert g.mem[0] == BATCH * 16 * 4
     assert lg.metadata["workspace_bytes"][0] == BATCH * 16 * 4  # MatMul+BiasAdd live together once
-    # dense0's backward produces the two weight gradients (outputs); no gradient w.r.t. the batch
-    assert g.mem[7] == (8 * 16 + 16) * 4
+    # a backward node's value is the activation gradient it passes down, not the weight gradients
+    assert g.mem[5] == BATCH * 12 * 4  # logits_grad -> dense1_grad
+    assert g.mem[6] == BATCH * 16 * 4  # dense1_grad -> dense0_grad
+    # dense0's backward produces only the two weight gradients (in fixed_mem); the gradient w.r.t. the
+    # batch is dead, so its value is empty, and its workspace is the ReluGrad it consumes inside
+    assert g.mem[7] == 0
+    assert lg.metadata["workspace_bytes"][7] == BATCH * 16 * 4
     # summed over nodes, layer mem never exceeds the op-level total
     assert g.mem.sum() < lower_mlp(level="op").graph.mem.sum()
+
+
+def _variable_bytes(variables):
+    return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+
+
+@pytest.mark.parametrize("build,shape,classes_dtype", [
+    (lambda: mlp(), (8,), tf.int32),
+    (lambda: small_cnn(bn=True, dropout=True), (8, 8, 3), tf.int32),
+])
+def test_layer_level_fixed_mem_holds_parameters_batch_and_gradients(build, shape, classes_dtype):
+    model = build()
+    xs, ys = specs(shape, classes_dtype)
+    lg = lower(model, XENT, xs, ys, level="layer")
+    # every variable (BN statistics and the dropout seed included), the batch, and one gradient per
+    # trainable variable, computed from the model and the specs
+    variables = _variable_bytes(model.variables)
+    batch = int(np.prod(xs.shape)) * xs.dtype.size + int(np.prod(ys.shape)) * ys.dtype.size
+    grads = _variable_bytes(model.trainable_variables)
+    assert grads > 0 and len(model.variables) >= len(model.trainable_variables)
+    assert lg.graph.fixed_mem == variables + batch + grads
+    assert lg.metadata["grad_bytes"] == grads
+    assert lg.metadata["parameter_and_batch_bytes"] == variables + batch
+    # the op level keeps the gradients in their own output nodes, not in fixed_mem
+    op = lower(model, XENT, xs, ys, level="op")
+    assert op.graph.fixed_mem == variables + batch
+    assert op.metadata["grad_bytes"] == grads and not op.metadata["grad_bytes_in_fixed_mem"]
+    grad_nodes = {op.op_node[t.rsplit(":", 1)[0]] for t in op.grad_tensors}
+    assert all(op.graph.output[n] for n in grad_nodes)
+    # both levels name the same step outputs
+    assert lg.grad_tensors == op.grad_tensors
+
+
+def test_layer_level_checkpoint_all_peak_matches_liveness():
+    """The simulator's checkpoint-all peak on a layer graph is fixed_mem plus the largest set of live
+    values: each value lives from its computation to its last use, and only the loss to the end."""
+    import checkmate
+    from checkmate.simulate import simulate
+
+    lg = lower(small_cnn(bn=True), XENT, *specs((8, 8, 3)), level="layer")
+    g = lg.graph
+    assert g.mem[g.names.index("conv1_grad")] == 0  # only weight gradients; dx of the batch is dead
+    last = [max([u for u in g.users[i]], default=i) for i in range(g.n)]
+    live = [sum(int(g.mem[i]) for i in range(t) if last[i] >= t or g.output[i]) + int(g.mem[t])
+            for t in range(g.n)]
+    expected = g.fixed_mem + max(live)
+    result = checkmate.solve(g, 10 * expected, strategy="checkpoint_all")
+    assert simulate(g, result.schedule).peak_memory_bytes == expected
+    # the peak is no longer at the end of the backward pass, where every activation gradient used to
+    # be held: the last node (the first layer's backward) runs with its inputs only
+    final = g.fixed_mem + live[-1]
+    assert final < expected
 
 
 def test_layer_level_cnn_contract_and_split():
@@ -377,3 +450,35 @@ def test_sequential_and_subclassed_models():
     lg = lower(net, XENT, *specs((8,)), level="layer")
     assert_contract(lg)
     assert lg.graph.names == ("first", "second", "loss", "loss_grad", "second_grad", "first_grad")
+
+
+@pytest.mark.parametrize("batch,size", [(2, 32), (32, 128)])
+def test_vgg16_layer_level_rematerialization_lowers_the_peak(batch, size):
+    """With the parameter gradients in fixed_mem, rematerialization lowers VGG16's layer-level peak.
+
+    A 70% budget is out of reach at these sizes for every schedule, not only for the heuristics: at
+    32x32 the weights and their gradients alone exceed it, and at 128x128 the backward node of
+    block1_conv2 needs its three full-resolution inputs and its output at once (DESIGN §3's lower
+    bound, ~91% of checkpoint-all); chen_greedy reaches that bound up to the loss value.
+    """
+    import checkmate
+    from checkmate.errors import InfeasibleBudgetError
+    from checkmate.tf2 import zoo
+
+    model, loss, xs, ys = zoo.build_model("vgg16", batch_size=batch, input_shape=(size, size, 3))
+    g = lower(model, loss, xs, ys, level="layer").graph
+    assert [g.names[i] for i in np.flatnonzero(g.output)] == ["loss"]
+    all_peak = checkmate.solve(g, "100%", strategy="checkpoint_all").peak_memory_bytes
+    sqrtn = checkmate.solve(g, "100%", strategy="chen_sqrtn").peak_memory_bytes
+    assert sqrtn < all_peak
+    bound = g.fixed_mem + max(int(g.mem[k]) + sum(int(g.mem[d]) for d in g.deps[k]) for k in range(g.n))
+    assert 0.7 * all_peak < bound < all_peak  # no schedule fits 70% of checkpoint-all
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.solve(g, "70%", strategy="chen_greedy")
+    # chen_greedy's smallest peak is the bound (up to the loss value, held to the end)
+    smallest = info.value.min_feasible_budget_bytes
+    assert bound <= smallest <= bound + int(g.mem[g.names.index("loss")]) < all_peak
+    greedy = checkmate.solve(g, smallest, strategy="chen_greedy")
+    assert greedy.peak_memory_bytes == smallest
+    if size == 128:  # activation-dominated: a sizeable saving
+        assert smallest < 0.92 * all_peak

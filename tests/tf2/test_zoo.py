@@ -37,7 +37,8 @@ def test_every_zoo_model_lowers_at_layer_level(name):
     g = lg.graph
     assert g.n == len(lg.node_ops)
     assert len(g.forward_nodes) >= len(g.backward_nodes) > 0
-    assert g.output.sum() >= 2
+    # the loss is the only output node: parameter gradients are accounted in fixed_mem
+    assert [g.names[i] for i in np.flatnonzero(g.output)] == ["loss"]
     # gradients of every trainable variable are returned
     assert len(lg.grad_tensors) == len(model.trainable_variables)
     # non-recomputable nodes are exactly the BatchNorm/Dropout state parts
