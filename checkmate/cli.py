@@ -8,10 +8,11 @@ Commands that need TensorFlow import it only when they run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from checkmate.errors import (
     CheckmateError,
@@ -191,6 +192,38 @@ def _import_tensorflow_quietly() -> None:
             os.close(saved)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(active: bool = True) -> Iterator[None]:
+    """Send whatever is written to stdout meanwhile, by Python or by native code, to stderr.
+
+    ``--json`` promises exactly one JSON object on stdout, but solver libraries print banners and
+    logs straight to file descriptor 1 (HiGHS announces itself when a model is created). The C
+    library's buffer is flushed before fd 1 is restored, so no held-back text lands on stdout later.
+    """
+    if not active:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        _flush_c_stdio()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_c_stdio() -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError):  # no C library to reach (not a POSIX build): nothing buffered there
+        pass
+
+
 # ------------------------------------------------------------------------------------ handlers
 def _cmd_strategies(args: argparse.Namespace) -> int:
     from checkmate.solvers import STRATEGIES
@@ -212,16 +245,18 @@ def _solve_kwargs(args: argparse.Namespace) -> dict:
 def _cmd_solve(args: argparse.Namespace) -> int:
     from checkmate.graph import load_graph
     from checkmate.schedule import save_schedule
-    from checkmate.solvers import STRATEGIES, format_bytes, parse_budget, solve
+    from checkmate.solvers import STRATEGIES, check_solver_name, format_bytes, parse_budget, solve
 
+    if args.strategy != "all" and args.strategy not in STRATEGIES:
+        raise InvalidArgumentError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}, all")
+    check_solver_name(args.solver)
     graph = load_graph(args.graph)
     budget_bytes = parse_budget(args.budget, graph)
     if args.strategy == "all":
         return _compare_all(graph, budget_bytes, args)
-    if args.strategy not in STRATEGIES:
-        raise InvalidArgumentError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}, all")
     try:
-        result = solve(graph, budget_bytes, strategy=args.strategy, **_solve_kwargs(args))
+        with _stdout_to_stderr(args.json):
+            result = solve(graph, budget_bytes, strategy=args.strategy, **_solve_kwargs(args))
     except InfeasibleBudgetError as exc:
         if args.json:
             print(json.dumps(_infeasible_json(graph, args.strategy, args.solver, budget_bytes, exc)))
@@ -261,7 +296,8 @@ def _compare_all(graph, budget_bytes: int, args: argparse.Namespace) -> int:
     rows = []
     for name in STRATEGIES:
         try:
-            r = solve(graph, budget_bytes, strategy=name, **_solve_kwargs(args))
+            with _stdout_to_stderr(args.json):
+                r = solve(graph, budget_bytes, strategy=name, **_solve_kwargs(args))
             rows.append(r.to_json_dict())
         except InfeasibleBudgetError as exc:
             rows.append(_infeasible_json(graph, name, args.solver, budget_bytes, exc))
@@ -332,6 +368,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("checkmate: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (``checkmate ... | head``): nothing more can be shown there,
+        # and Python would complain again when it flushes stdout at exit
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     except Exception as exc:  # one line per error; CHECKMATE_DEBUG=1 shows the traceback
         if os.environ.get("CHECKMATE_DEBUG"):
             raise

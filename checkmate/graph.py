@@ -27,6 +27,10 @@ __all__ = ["Node", "Graph", "GraphBuilder", "load_graph", "save_graph", "graph_f
 
 GRAPH_FORMAT = "checkmate-graph/1"
 
+# Byte counts are held in int64 arrays and summed there: every sum of sizes (and the fixed bytes) must
+# stay below 2**63 for peaks to be exact.
+_MAX_BYTES = 2**63 - 1
+
 
 @dataclass(frozen=True)
 class Node:
@@ -51,8 +55,11 @@ def _check_number(value: Any, what: str, node_label: str, *, integral: bool) -> 
     if value < 0:
         raise InvalidGraphError(f"node {node_label}: {what} is negative ({value!r})")
     if integral:
-        if float(value) != int(value):
+        # compare as floats only for floats: an int above 2**53 has no exact float and is still whole
+        if isinstance(value, (float, np.floating)) and float(value) != int(value):
             raise InvalidGraphError(f"node {node_label}: {what} must be a whole number of bytes, got {value!r}")
+        if int(value) > _MAX_BYTES:
+            raise InvalidGraphError(f"node {node_label}: {what} is {value!r} bytes, more than 2**63 - 1")
         return int(value)
     return float(value)
 
@@ -94,8 +101,9 @@ class Graph:
         for edge in edges:
             try:
                 u, v = edge
+                hash(u), hash(v)
             except (TypeError, ValueError):
-                raise InvalidGraphError(f"edge {edge!r} is not a [source, target] pair") from None
+                raise InvalidGraphError(f"edge {edge!r} is not a [source, target] pair of node ids") from None
             for end in (u, v):
                 if end not in by_id:
                     raise InvalidGraphError(f"edge [{u!r}, {v!r}] refers to node {end!r}, which does not exist")
@@ -106,6 +114,12 @@ class Graph:
             cycle = nx.find_cycle(dg)
             path = " -> ".join(f"{u} ({by_id[u].name})" for u, _ in cycle) + f" -> {cycle[0][0]}"
             raise InvalidGraphError(f"the graph has a cycle: {path}")
+
+        if fixed + sum(int(node.mem) for node in nodes) > _MAX_BYTES:
+            raise InvalidGraphError("the node sizes and fixed_mem add up to more than 2**63 - 1 bytes")
+        # Each node runs at most n times, so n * sum(cost) bounds the cost of any schedule.
+        if not math.isfinite(len(nodes) * sum(float(node.cost) for node in nodes)):
+            raise InvalidGraphError("the node costs are too large: the cost of a schedule would overflow")
 
         # Stable relabelling: among the nodes ready at each step, take the one listed first.
         position = {nid: pos for pos, nid in enumerate(by_id)}
@@ -253,24 +267,39 @@ def _flag(value: Any, what: str, label: str) -> bool:
     raise InvalidGraphError(f"node {label}: {what} must be true or false, got {value!r}")
 
 
-def _node_id(raw: Any, index: int) -> int:
+def _node_id(raw: Any, index: int) -> int | str:
+    """An id as files give it: an integer, or a string (networkx graphs are often keyed by name).
+
+    Strings that spell an integer and integral floats are read as that integer, so that ``"3"``,
+    ``3.0`` and ``3`` name the same node wherever they appear.
+    """
     if isinstance(raw, bool) or raw is None:
         raise InvalidGraphError(f"node #{index} has no valid id (got {raw!r})")
     if isinstance(raw, (int, np.integer)):
+        return int(raw)
+    if isinstance(raw, (float, np.floating)) and math.isfinite(raw) and float(raw) == int(raw):
         return int(raw)
     if isinstance(raw, str):
         try:
             return int(raw)
         except ValueError:
-            raise InvalidGraphError(f"node #{index}: id {raw!r} is not an integer") from None
-    raise InvalidGraphError(f"node #{index}: id {raw!r} is not an integer")
+            return raw
+    raise InvalidGraphError(f"node #{index}: id {raw!r} is not an integer or a string")
 
 
-def _edge_end(raw: Any, u: Any, v: Any) -> int:
+def _edge_end(raw: Any, u: Any, v: Any) -> int | str:
     try:
         return _node_id(raw, 0)
     except InvalidGraphError:
-        raise InvalidGraphError(f"edge [{u!r}, {v!r}]: endpoint {raw!r} is not an integer node id") from None
+        raise InvalidGraphError(f"edge [{u!r}, {v!r}]: endpoint {raw!r} is not a node id") from None
+
+
+def _first_present(raw: Mapping, *keys: str) -> Any:
+    """The value of the first key that is present and not null."""
+    for key in keys:
+        if raw.get(key) is not None:
+            return raw[key]
+    return None
 
 
 def _edge_pair(raw: Any, key: str) -> tuple[Any, Any]:
@@ -293,12 +322,13 @@ def graph_from_dict(data: Any, *, default_name: str = "graph") -> Graph:
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list):
         raise InvalidGraphError("the graph file has no 'nodes' list")
-    if "edges" in data:
-        edge_key = "edges"
-    elif "links" in data:
-        edge_key = "links"
-    else:
-        edge_key = None
+    present = [key for key in ("edges", "links") if data.get(key) is not None]
+    if len(present) == 2 and data["edges"] and data["links"]:
+        raise InvalidGraphError("the graph file has both 'edges' and 'links'; give the edges once")
+    # with both keys, one of them is empty: read the other
+    edge_key = next((key for key in present if data[key]), present[0] if present else None)
+    if edge_key is None and ("edges" in data or "links" in data):
+        raise InvalidGraphError(f"{'edges' if 'edges' in data else 'links'!r} must be a list, got null")
     raw_edges = data.get(edge_key, []) if edge_key else []
     if not isinstance(raw_edges, list):
         raise InvalidGraphError(f"{edge_key!r} must be a list")
@@ -315,8 +345,8 @@ def graph_from_dict(data: Any, *, default_name: str = "graph") -> Graph:
             raise InvalidGraphError(f"node #{index} is not a JSON object")
         nid = _node_id(raw.get("id"), index)
         label = f"{nid}" + (f" ({raw['name']})" if raw.get("name") else "")
-        cost = raw.get("cost", raw.get("cost_cpu"))
-        mem = raw.get("mem", raw.get("cost_ram"))
+        cost = _first_present(raw, "cost", "cost_cpu")
+        mem = _first_present(raw, "mem", "cost_ram")
         if cost is None:
             raise InvalidGraphError(f"node {label} has no 'cost' (or 'cost_cpu')")
         if mem is None:
@@ -325,7 +355,7 @@ def graph_from_dict(data: Any, *, default_name: str = "graph") -> Graph:
         mem = _check_number(mem, "mem", label, integral=True)
         nodes.append(Node(
             id=nid,
-            name=str(raw.get("name", f"node{nid}")),
+            name=str(raw["name"]) if raw.get("name") is not None else f"node{nid}",
             cost=cost,
             mem=mem,
             backward=_flag(raw.get("backward", raw.get("is_backwards")), "backward", label),
@@ -343,13 +373,17 @@ def load_graph(path: str | os.PathLike) -> Graph:
     """Read a graph file (native ``checkmate-graph/1`` or networkx node-link JSON)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not an error
     except OSError as exc:
         raise InvalidGraphError(f"cannot read graph file {str(path)!r}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidGraphError(f"{path}: not UTF-8 text (byte {exc.start}): not a JSON graph file") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidGraphError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise InvalidGraphError(f"{path}: JSON nested too deeply to be a graph file") from None
     return graph_from_dict(data, default_name=path.stem)
 
 

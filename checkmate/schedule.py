@@ -50,6 +50,10 @@ class Schedule:
     graph_name: str = ""
     strategy: str = ""
     budget_bytes: int | None = None
+    # The graph file's id of each node index (Graph.source_ids): indices in R, S and the plan follow
+    # the graph's topological order, which differs from the file's ids when those are not 0..n-1 in
+    # a topological order. Written to schedule files so that they can be checked against the graph file.
+    node_ids: tuple = ()
 
     @classmethod
     def from_matrices(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
@@ -62,7 +66,7 @@ class Schedule:
                 plan.append(("compute", int(event[2])))
             elif event[0] == "free":
                 plan.append(("free", int(event[2])))
-        return cls(R, S, tuple(plan), graph.name, strategy, budget_bytes)
+        return cls(R, S, tuple(plan), graph.name, strategy, budget_bytes, tuple(graph.source_ids))
 
     @classmethod
     def from_retain(cls, graph: "Graph", retain: Any, *, strategy: str = "",
@@ -86,7 +90,7 @@ class Schedule:
     def with_meta(self, *, strategy: str | None = None, budget_bytes: int | None = None) -> "Schedule":
         return Schedule(self.recompute, self.retain, self.plan, self.graph_name,
                         self.strategy if strategy is None else strategy,
-                        self.budget_bytes if budget_bytes is None else budget_bytes)
+                        self.budget_bytes if budget_bytes is None else budget_bytes, self.node_ids)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Schedule):
@@ -105,6 +109,7 @@ class Schedule:
             "recompute": np.argwhere(self.recompute).tolist(),
             "retain": np.argwhere(self.retain).tolist(),
             "plan": [list(step) for step in self.plan],
+            **({"node_ids": list(self.node_ids)} if self.node_ids else {}),
         }
 
     @classmethod
@@ -126,9 +131,14 @@ class Schedule:
         R[r_cells[:, 0], r_cells[:, 1]] = True
         S[s_cells[:, 0], s_cells[:, 1]] = True
         budget = data.get("budget_bytes")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))):
+            raise InvalidScheduleError(f"malformed schedule document: budget_bytes is {budget!r}")
+        node_ids = data.get("node_ids") or ()
+        if not isinstance(node_ids, (list, tuple)) or (node_ids and len(node_ids) != n):
+            raise InvalidScheduleError(f"'node_ids' must list the file id of each of the {n} nodes")
         return cls(_frozen_bool(R, n, "recompute"), _frozen_bool(S, n, "retain"), plan,
                    str(data.get("graph", "")), str(data.get("strategy", "")),
-                   None if budget is None else int(budget))
+                   None if budget is None else int(budget), tuple(node_ids))
 
 
 def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:

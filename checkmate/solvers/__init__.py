@@ -13,6 +13,7 @@ import math
 import re
 import time
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, InvalidBudgetError, SolverError
@@ -23,7 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["solve", "SolveResult", "SolveOptions", "StrategyOutput", "StrategySpec", "STRATEGIES",
-           "get_strategy", "strategy_names", "parse_budget", "checkpoint_all_peak", "format_bytes"]
+           "get_strategy", "strategy_names", "parse_budget", "checkpoint_all_peak", "format_bytes",
+           "check_solver_name"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,18 @@ def get_strategy(name: str) -> StrategySpec:
             f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}") from None
 
 
+def check_solver_name(solver: str | None) -> None:
+    """Reject an unknown solver name up front, whatever the strategy (baselines use no solver, but a
+    misspelt name is still a mistake worth reporting). Only the name is checked: no solver is loaded."""
+    if solver is None:
+        return
+    from checkmate.solvers.backends import backend_names
+
+    names = backend_names()
+    if not isinstance(solver, str) or solver.strip().lower() not in {name.lower() for name in names}:
+        raise InvalidArgumentError(f"unknown solver {solver!r}; choose one of: {', '.join(names)}")
+
+
 # ------------------------------------------------------------------------------------------ budgets
 _UNITS = {
     "": 1, "b": 1,
@@ -136,17 +150,18 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
     match = _BUDGET_RE.match(budget)
     if not match:
         raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
-    number, unit = float(match.group(1)), match.group(2).lower()
+    # Exact decimal arithmetic: in floating point "2.01GB" would come out one byte short.
+    number, unit = Fraction(match.group(1)), match.group(2).lower()
     if number <= 0:
         raise InvalidBudgetError(f"budget must be positive, got {budget!r}")
     if unit == "%":
         if graph is None:
             raise InvalidBudgetError(f"a percentage budget ({budget}) needs a graph to refer to")
-        return int(math.floor(checkpoint_all_peak(graph) * number / 100.0))
+        return math.floor(checkpoint_all_peak(graph) * number / 100)
     if unit not in _UNITS:
         raise InvalidBudgetError(f"unknown unit {match.group(2)!r} in budget {budget!r} "
                                  "(use B, KB, MB, GB, KiB, MiB, GiB or %)")
-    return int(number * _UNITS[unit])
+    return math.floor(number * _UNITS[unit])
 
 
 def format_bytes(num: float | None) -> str:
@@ -219,6 +234,7 @@ def solve(graph: "Graph", budget: Any, strategy: str = "checkmate_milp", solver:
     fits, :class:`SolverError` when a solver fails, :class:`InvalidBudgetError` for a bad budget.
     """
     spec = get_strategy(strategy)
+    check_solver_name(solver)
     budget_bytes = parse_budget(budget, graph)
     known = {f.name for f in SolveOptions.__dataclass_fields__.values()} - {"solver", "time_limit_s", "extra"}
     opts = SolveOptions(solver=solver, time_limit_s=time_limit_s,
