@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", required=True, help="bytes, 2GiB, 1.5GB or 60%% (of the checkpoint-all peak)")
     p.add_argument("--strategy", default="checkmate_milp",
                    help="strategy name (see 'checkmate strategies'), or 'all' to compare every strategy")
-    p.add_argument("--solver", default=None, help="MILP/LP backend: cvxpy (default), gurobi, or a cvxpy solver name")
+    p.add_argument("--solver", default=None, help="MILP/LP backend: highs (default), cvxpy, gurobi, ortools, or a cvxpy solver name")
     p.add_argument("--time-limit", type=_positive_float, default=None, metavar="S", help="solver time limit in seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object (DESIGN §5 fields)")
     p.add_argument("--out", default=None, metavar="SCHEDULE.json", help="write the schedule (checkmate-schedule/1)")
