@@ -475,14 +475,18 @@ def revolve_snapshots(steps: int, snapshots: int, split: np.ndarray | None = Non
 
 def _chain_states(graph: "Graph") -> list[int]:
     """The articulation-point chain: the first forward node, every articulation point and the last
-    forward node, each of them separating what comes before it from what comes after."""
-    points = graph.articulation_points()
-    if not points:
-        raise InvalidArgumentError(
-            f"griewank_logn needs a chain of articulation points, and graph {graph.name!r} has none "
-            "(no forward node separates the forward graph); try chen_greedy_linearized or checkmate_milp")
+    forward node, each of them separating what comes before it from what comes after.
+
+    A forward graph without articulation points is a one-step chain (from its first to its last
+    node): binomial checkpointing then degenerates to keeping everything, which is still a valid
+    answer rather than an error.
+    """
     forward = graph.forward_nodes
-    return sorted(set([forward[0], *points, forward[-1]]))
+    if not forward:
+        raise InvalidArgumentError(
+            f"griewank_logn needs forward nodes to checkpoint, and every node of graph {graph.name!r} is "
+            "marked backward; try checkpoint_all or checkmate_milp")
+    return sorted(set([forward[0], *graph.articulation_points(), forward[-1]]))
 
 
 class _Revolve:
