@@ -35,16 +35,18 @@ from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import available_device_memory, default_device, measure_step
 
-__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "RematModel", "resolve_budget",
-           "minimum_feasible_budget", "cli_compile"]
+__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "RematModel", "resolve_budget",
+           "minimum_feasible_budget", "cli_compile", "compare_strategies", "max_gradient_difference",
+           "measure_step", "random_batch"]
 
 
 @dataclass(frozen=True)
 class Prediction:
     """What the memory model and the cost model predict for the compiled step."""
 
-    peak_memory_bytes: int          # simulated peak, fixed bytes (parameters, batch) included
-    fixed_bytes: int                # graph.fixed_mem: resident before the step starts
+    peak_memory_bytes: int          # simulated peak, fixed bytes included (the number the budget bounds)
+    fixed_bytes: int                # graph.fixed_mem
+    resident_bytes: int             # part of fixed_bytes resident before the step runs (parameters, batch)
     compute_cost: float             # cost of the schedule, in the graph's cost unit
     baseline_cost: float            # cost of computing every node once
     recompute_count: int            # node computations beyond the first
@@ -55,9 +57,24 @@ class Prediction:
         return self.compute_cost / self.baseline_cost if self.baseline_cost > 0 else 1.0
 
     @property
-    def activation_peak_bytes(self) -> int:
-        """The step's own peak (what :func:`checkmate.tf2.measure_peak_memory` measures)."""
-        return self.peak_memory_bytes - self.fixed_bytes
+    def step_peak_bytes(self) -> int:
+        """Predicted peak of what the step allocates on top of the resident bytes: the quantity
+        :func:`checkmate.tf2.measure_peak_memory` measures (activations, gradients, temporaries)."""
+        return self.peak_memory_bytes - self.resident_bytes
+
+
+def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:
+    """Simulated peak minus the bytes resident before the step (parameters and batch).
+
+    At layer level the lowering counts the parameter gradients in ``fixed_mem``; they are produced
+    by the step, so they stay in this figure.
+    """
+    peak = simulate(lowered.graph, schedule).peak_memory_bytes
+    return int(peak - _resident_bytes(lowered))
+
+
+def _resident_bytes(lowered: LoweredGraph) -> int:
+    return int(lowered.metadata.get("parameter_and_batch_bytes", lowered.graph.fixed_mem))
 
 
 def resolve_budget(budget: Any, graph, model: Any = None, device: str | None = None) -> int:
@@ -139,6 +156,7 @@ class CompiledStep:
         self.predicted = Prediction(
             peak_memory_bytes=int(sim.peak_memory_bytes),
             fixed_bytes=int(lowered.graph.fixed_mem),
+            resident_bytes=_resident_bytes(lowered),
             compute_cost=float(sim.compute_cost),
             baseline_cost=float(lowered.graph.total_cost),
             recompute_count=int(sim.recompute_count),
@@ -220,8 +238,8 @@ class CompiledStep:
             f"  strategy        {r.strategy}" + (f" (solver {r.solver})" if r.solver else "")
             + (", optimal" if r.optimal else ""),
             f"  budget          {format_bytes(p.budget_bytes)}",
-            f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (of which fixed {format_bytes(p.fixed_bytes)}, "
-            f"step {format_bytes(p.activation_peak_bytes)})",
+            f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (parameters and batch "
+            f"{format_bytes(p.resident_bytes)}, step {format_bytes(p.step_peak_bytes)})",
             f"  overhead        {p.overhead:.3f}x ({p.recompute_count} recomputations)",
             f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
             f"  solve time      {r.solve_seconds:.2f} s",
@@ -343,6 +361,182 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     lowered = lower(model, loss, input_spec, label_spec, level=level, cost_model=cost_model)
     return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
                            time_limit_s=time_limit_s, device=device, **solve_options)
+
+
+
+# ------------------------------------------------------------------------------------ measuring
+def _state_variables(model: Any) -> list:
+    """Variables a training step updates besides the parameters (BatchNorm statistics, dropout seeds)."""
+    return list(getattr(model, "non_trainable_variables", ()))
+
+
+def _snapshot(variables: Sequence[Any]) -> list:
+    return [tf.identity(v) for v in variables]
+
+
+def _restore(variables: Sequence[Any], values: Sequence[Any]) -> None:
+    for v, value in zip(variables, values):
+        v.assign(value)
+
+
+def max_gradient_difference(step: CompiledStep, x: Any, y: Any) -> tuple[float, float]:
+    """(max abs, max relative) difference of loss and gradients between the compiled and the plain
+    step on the same batch, each run from the same state (dropout seed, BatchNorm statistics), which
+    is restored afterwards. Relative: divided by the largest magnitude of the plain tensor."""
+    state = _state_variables(step.model)
+    before = _snapshot(state)
+    plain_loss, plain_grads = step.plain_gradients(x, y)
+    _restore(state, before)
+    loss, grads = step.gradients(x, y)
+    _restore(state, before)
+    worst_abs = worst_rel = 0.0
+    for a, b in zip([loss, *grads], [plain_loss, *plain_grads]):
+        diff = float(tf.reduce_max(tf.abs(tf.cast(a, tf.float64) - tf.cast(b, tf.float64))))
+        scale = float(tf.reduce_max(tf.abs(tf.cast(b, tf.float64))))
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / scale if scale > 0 else diff)
+    return worst_abs, worst_rel
+
+
+def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
+    """Median wall time of ``fn(*args)`` over ``steps`` calls, after one warm-up call."""
+    def run():
+        out = fn(*args)
+        # Wait for the values: eager calls may return before a GPU has finished.
+        for t in tf.nest.flatten(out)[:1]:
+            t.numpy()
+
+    run()
+    times = []
+    for _ in range(max(1, steps)):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:
+    """A batch for the lowered step: normal features and labels valid for the model's logits."""
+    graph = lowered.function.graph
+    rng = np.random.default_rng(seed)
+    classes = None
+    try:
+        classes = int(model.outputs[0].shape[-1])
+    except (AttributeError, IndexError, TypeError, ValueError):
+        classes = None
+
+    def value(name: str, label: bool):
+        t = graph.get_operation_by_name(name).outputs[0]
+        shape = tuple(int(d) for d in t.shape)
+        if t.dtype.is_integer:
+            high = classes if (label and classes) else 2
+            return tf.constant(rng.integers(0, high, size=shape), dtype=t.dtype)
+        return tf.constant(rng.standard_normal(shape), dtype=t.dtype)
+
+    return ([value(n, False) for n in lowered.input_names], [value(n, True) for n in lowered.label_names])
+
+
+DEFAULT_CLI_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
+
+
+def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies: Sequence[str], budget: Any, *,
+                       solver: str | None = None, time_limit_s: float | None = None, steps: int = 3,
+                       optimizer: Any = None) -> dict:
+    """Compile ``lowered`` with each strategy and measure it against the plain step (the demo's view).
+
+    Returns ``{"plain": {...}, "rows": [{...} per strategy]}`` with predicted and measured peaks (step
+    peaks: bytes allocated on top of the resident parameters and batch), predicted overhead,
+    measured step time and its ratio to the plain step's, and the max gradient difference.
+    """
+    x, y = random_batch(lowered, model)
+    flat = x + y
+    device = default_device()
+    plain_fn = lowered.function
+    plain_peak = measure_step(plain_fn, *flat, device=device).peak_bytes
+    plain_time = time_step_s(plain_fn, *flat, steps=steps)
+    from checkmate.solvers import checkpoint_all_peak
+
+    ca_peak = checkpoint_all_peak(lowered.graph)
+    resident = _resident_bytes(lowered)
+    plain = {"measured_peak_bytes": plain_peak, "step_seconds": plain_time,
+             "predicted_peak_bytes": ca_peak - resident}
+    rows = []
+    for name in strategies:
+        row: dict[str, Any] = {"strategy": name}
+        try:
+            step = compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=name, solver=solver,
+                                   time_limit_s=time_limit_s, device=device)
+        except InfeasibleBudgetError as exc:
+            row.update(status="infeasible", min_feasible_budget_bytes=exc.min_feasible_budget_bytes,
+                       budget_bytes=exc.budget_bytes)
+            rows.append(row)
+            continue
+        except SolverError as exc:
+            row.update(status=f"solver failed: {exc}")
+            rows.append(row)
+            continue
+        fn = step.function.call_flat
+        measured = measure_step(fn, *flat, device=device).peak_bytes
+        seconds = time_step_s(fn, *flat, steps=steps)
+        diff_abs, diff_rel = max_gradient_difference(step, x, y)
+        row.update(
+            status="ok", budget_bytes=step.predicted.budget_bytes,
+            predicted_peak_bytes=step.predicted.step_peak_bytes,
+            predicted_total_peak_bytes=step.predicted.peak_memory_bytes,
+            measured_peak_bytes=measured,
+            measured_over_predicted=measured / step.predicted.step_peak_bytes
+            if step.predicted.step_peak_bytes > 0 else None,
+            measured_over_plain=measured / plain_peak if plain_peak > 0 else None,
+            predicted_overhead=step.predicted.overhead, step_seconds=seconds,
+            time_over_plain=seconds / plain_time if plain_time > 0 else None,
+            max_grad_diff=diff_abs, max_grad_rel_diff=diff_rel,
+            recomputations=step.predicted.recompute_count, op_copies=step.function.op_copies,
+            solve_seconds=step.result.solve_seconds, optimal=step.result.optimal,
+        )
+        rows.append(row)
+    return {"graph": lowered.graph.name, "level": lowered.level, "nodes": lowered.graph.n, "device": device,
+            "resident_bytes": resident, "plain": plain, "rows": rows}
+
+
+def cli_compile(args: Any) -> int:
+    """``checkmate compile``: lower a zoo model, profile, solve, generate, run and report per strategy."""
+    from checkmate.tf2 import zoo
+    from checkmate.tf2.lowering import lower
+
+    strategies = ([s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy
+                  else list(DEFAULT_CLI_STRATEGIES))
+    for name in strategies:
+        get_strategy(name)
+    built = zoo.build_model(args.model, args.batch_size, args.input_shape)
+    lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
+                    cost_model="profile", progress=False)
+    report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
+                                time_limit_s=args.time_limit, steps=args.steps)
+    report["model"] = args.model
+    report["batch_size"] = args.batch_size
+    if args.json:
+        print(json.dumps(report))
+        return 0
+    plain = report["plain"]
+    print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
+          f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
+    print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
+          f"{format_bytes(plain['predicted_peak_bytes'])}), {plain['step_seconds'] * 1e3:.1f} ms")
+    header = (f"{'strategy':<22} {'pred. peak':>11} {'meas. peak':>11} {'meas/pred':>9} {'pred. ovh':>9} "
+              f"{'time/plain':>10} {'max |dgrad|':>11}")
+    print(header)
+    for row in report["rows"]:
+        if row["status"] == "infeasible":
+            print(f"{row['strategy']:<22} does not fit: needs {format_bytes(row['min_feasible_budget_bytes'])}")
+            continue
+        if row["status"] != "ok":
+            print(f"{row['strategy']:<22} {row['status']}")
+            continue
+        ratio = f"{row['measured_over_predicted']:.2f}" if row["measured_over_predicted"] is not None else "-"
+        print(f"{row['strategy']:<22} {format_bytes(row['predicted_peak_bytes']):>11} "
+              f"{format_bytes(row['measured_peak_bytes']):>11} {ratio:>9} {row['predicted_overhead']:>8.2f}x "
+              f"{row['time_over_plain']:>9.2f}x {row['max_grad_diff']:>11.2e}")
+    return 0
 
 
 class _CallableModule(types.ModuleType):
