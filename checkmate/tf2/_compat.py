@@ -38,6 +38,7 @@ def executed_graph_defs(run: Callable[[], object]) -> list:
     ctx = _context.context()
     ctx.enable_run_metadata()
     try:
+        ctx.export_run_metadata()   # drop whatever an earlier caller left behind
         run()
         metadata = ctx.export_run_metadata()
     finally:

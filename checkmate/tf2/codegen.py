@@ -43,6 +43,7 @@ __all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "
 # Name scope the rewritten graph is imported under; op names in the executed graph start with it.
 IMPORT_SCOPE = "checkmate_remat"
 _COPY_SUFFIX = "__cm"
+_probe_counter = 0
 
 
 def copy_name(op_name: str, k: int) -> str:
@@ -276,7 +277,7 @@ class RematFunction:
         self._function = self._build_function()
         self._concrete = None
 
-    def _build_function(self):
+    def _build_function(self, scope: str = IMPORT_SCOPE):
         graph_def = self.rewritten.graph_def
         feeds = self.rewritten.feed_names
         outputs = list(self.rewritten.output_names)
@@ -288,7 +289,7 @@ class RematFunction:
                 # A fresh identity per capture: import_graph_def needs a tensor of this graph.
                 input_map[f"{name}:0"] = tf.identity(external)
             results = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=outputs,
-                                                     name=IMPORT_SCOPE)
+                                                     name=scope)
             return tuple(results)
 
         return tf.function(body, input_signature=self._specs, autograph=False)
@@ -352,14 +353,17 @@ class RematFunction:
         flat = self.flat_args(x, y)
         # TF reports the executed graphs only when a function is instantiated: run a fresh
         # instance of the same GraphDef, under the same settings as every call.
-        fresh = self._build_function()
+        global _probe_counter
+        _probe_counter += 1
+        scope = f"{IMPORT_SCOPE}_probe{_probe_counter}"   # tells this run's ops from any other's
+        fresh = self._build_function(scope)
 
         def run():
             with _compat.grappler_disabled():
                 return fresh(*flat)
 
         graphs = _compat.executed_graph_defs(run)
-        pattern = re.compile(r"^(?:.*/)?" + re.escape(IMPORT_SCOPE) + r"/(.*?)(?:" + _COPY_SUFFIX + r"\d+)?$")
+        pattern = re.compile(r"^(?:.*/)?" + re.escape(scope) + r"/(.*?)(?:" + _COPY_SUFFIX + r"\d+)?$")
         known = set(self.lowered.op_node)
         counts: dict[str, int] = {}
         seen: set[str] = set()

@@ -1,0 +1,294 @@
+"""Code generation: the rematerializing step computes what the plain step computes, runs exactly the
+schedule's op copies (after Grappler and CSE), and leaves TF's global settings as it found them.
+
+The three models (an MLP, a residual CNN with BatchNorm and Dropout, a U-Net-like network) are sized so
+that their activations are powers of two of at least 256 KiB: TF's default CPU allocator only counts
+allocations from 256 KiB up (see checkmate.tf2.memory), and the memory tests in test_compile.py reuse
+them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from checkmate.errors import InvalidGraphError, InvalidScheduleError  # noqa: E402
+from checkmate.graph import Graph  # noqa: E402
+from checkmate.schedule import Schedule  # noqa: E402
+from checkmate.solvers import checkpoint_all_peak, solve  # noqa: E402
+from checkmate.solvers.baselines import checkpoint_all_schedule  # noqa: E402
+from checkmate.tf2 import _compat  # noqa: E402
+from checkmate.tf2.codegen import generate, rewrite_graph_def  # noqa: E402
+from checkmate.tf2.lowering import lower  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+XENT = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+# ------------------------------------------------------------------------------------------ models
+def mlp_model(batch=1024, width=256, depth=16, seed=0):
+    """Dense(256, relu) x depth, Dropout, logits: 1 MiB activations, 256 KiB weights."""
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((width,), name="features")
+    x = inp
+    for k in range(depth):
+        x = keras.layers.Dense(width, activation="relu", name=f"dense{k}")(x)
+    x = keras.layers.Dropout(0.2, name="dropout")(x)
+    out = keras.layers.Dense(10, name="logits")(x)
+    return (keras.Model(inp, out, name="mlp"), XENT, tf.TensorSpec((batch, width)),
+            tf.TensorSpec((batch,), tf.int32))
+
+
+def residual_cnn_model(batch=8, size=32, filters=16, blocks=4, seed=0):
+    """Conv-BN stem, residual blocks (conv, conv, BatchNorm, add), Dropout head: 512 KiB activations."""
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    inp = keras.Input((size, size, 3), name="image")
+    x = layers.Conv2D(filters, 3, padding="same", name="stem")(inp)
+    x = layers.BatchNormalization(name="stem_bn")(x)
+    x = layers.Activation("relu", name="stem_relu")(x)
+    for b in range(blocks):
+        y = layers.Conv2D(filters, 3, padding="same", activation="relu", name=f"block{b}_conv1")(x)
+        y = layers.Conv2D(filters, 3, padding="same", name=f"block{b}_conv2")(y)
+        y = layers.BatchNormalization(name=f"block{b}_bn")(y)
+        x = layers.Add(name=f"block{b}_add")([x, y])
+        x = layers.Activation("relu", name=f"block{b}_out")(x)
+    x = layers.GlobalAveragePooling2D(name="pool")(x)
+    x = layers.Dropout(0.25, name="dropout")(x)
+    out = layers.Dense(10, name="logits")(x)
+    return (keras.Model(inp, out, name="residual_cnn"), XENT, tf.TensorSpec((batch, size, size, 3)),
+            tf.TensorSpec((batch,), tf.int32))
+
+
+def unet_model(batch=4, size=64, base=16, depth=2, convs=3, seed=0):
+    """Encoder/decoder with skip concatenations; per-pixel logits."""
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    inp = keras.Input((size, size, 3), name="image")
+    x = inp
+    skips = []
+    for d in range(depth):
+        for c in range(convs):
+            x = layers.Conv2D(base * 2 ** d, 3, padding="same", activation="relu", name=f"down{d}_conv{c}")(x)
+        skips.append(x)
+        x = layers.MaxPooling2D(name=f"down{d}_pool")(x)
+    x = layers.Conv2D(base * 2 ** depth, 3, padding="same", activation="relu", name="bottom")(x)
+    for d in reversed(range(depth)):
+        x = layers.Conv2DTranspose(base * 2 ** d, 2, strides=2, name=f"up{d}_upconv")(x)
+        x = layers.Concatenate(name=f"up{d}_concat")([skips[d], x])
+        for c in range(convs):
+            x = layers.Conv2D(base * 2 ** d, 3, padding="same", activation="relu", name=f"up{d}_conv{c}")(x)
+    out = layers.Conv2D(2, 1, name="logits")(x)
+    return (keras.Model(inp, out, name="unet_like"), XENT, tf.TensorSpec((batch, size, size, 3)),
+            tf.TensorSpec((batch, size, size), tf.int32))
+
+
+MODELS = {"mlp": mlp_model, "residual_cnn": residual_cnn_model, "unet": unet_model}
+# A budget-aware strategy that fits 50% of the checkpoint-all peak of each model quickly.
+STRATEGY = {"mlp": "checkmate_milp", "residual_cnn": "chen_greedy", "unet": "checkmate_lp_rounding"}
+SOLVE_OPTIONS = {"time_limit_s": 10}
+
+
+def batch_for(input_spec, label_spec, classes, seed=0):
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.standard_normal(input_spec.shape.as_list()), input_spec.dtype)
+    y = tf.constant(rng.integers(0, classes, size=label_spec.shape.as_list()), label_spec.dtype)
+    return x, y
+
+
+def state_variables(model):
+    return list(model.non_trainable_variables)
+
+
+def run_from_same_state(model, fns, x, y):
+    """Run each fn from the same BatchNorm statistics and dropout seed; return results and the state
+    after each run."""
+    state = state_variables(model)
+    start = [v.numpy() for v in state]
+    results, after = [], []
+    for fn in fns:
+        for v, value in zip(state, start):
+            v.assign(value)
+        results.append(fn(x, y))
+        after.append([v.numpy() for v in state])
+    for v, value in zip(state, start):
+        v.assign(value)
+    return results, after
+
+
+def assert_close_relative(actual, expected, rel=1e-5):
+    actual = np.asarray(actual, dtype=np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    scale = max(1.0, float(np.max(np.abs(expected)))) if expected.size else 1.0
+    assert float(np.max(np.abs(actual - expected), initial=0.0)) <= rel * scale
+
+
+@pytest.fixture(scope="module", params=sorted(MODELS))
+def case(request):
+    name = request.param
+    model, loss, xs, ys = MODELS[name]()
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    result = solve(graph, checkpoint_all_peak(graph) // 2, strategy=STRATEGY[name], **SOLVE_OPTIONS)
+    x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
+    return dataclasses.make_dataclass("Case", ["name", "model", "lowered", "schedule", "x", "y"])(
+        name, model, lowered, result.schedule, x, y)
+
+
+def plain(lowered):
+    def run(x, y):
+        out = lowered.function(x, y)
+        return out[0], list(out[1:])
+    return run
+
+
+# ------------------------------------------------------------------------------------------ tests
+def test_gradients_match_plain_step(case):
+    """Issue 5a: loss and gradients of the rematerializing step equal the plain step's (dropout on)."""
+    assert case.schedule.recompute_count > 0, "the test needs a schedule that recomputes"
+    fn = generate(case.lowered, case.schedule)
+    (got, want), (state_got, state_want) = run_from_same_state(case.model, [fn, plain(case.lowered)],
+                                                               case.x, case.y)
+    assert_close_relative(got[0], want[0])
+    assert len(got[1]) == len(want[1]) == len(case.model.trainable_variables)
+    for g, w, v in zip(got[1], want[1], case.model.trainable_variables):
+        assert g.shape == v.shape
+        assert_close_relative(g, w)
+    # one step advances the state (dropout seed, BatchNorm statistics) exactly as the plain step does
+    for a, b in zip(state_got, state_want):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_mask_is_shared_by_recomputations():
+    """A recomputed dropout must reuse the mask of the first computation (the seed read runs once)."""
+    model, loss, xs, ys = mlp_model(batch=256, width=256, depth=3)
+    lowered = lower(model, loss, xs, ys, level="op")
+    graph = lowered.graph
+    fwd = [i for i in graph.forward_nodes if graph.recomputable[i]]
+    # keep nothing of the forward pass but what must stay: every use recomputes from the batch
+    result = solve(graph, 10 * checkpoint_all_peak(graph), strategy="checkpoint_last_node")
+    assert result.schedule.recompute_count > len(fwd)
+    x, y = batch_for(xs, ys, 10)
+    fn = generate(lowered, result.schedule)
+    (got, want), _ = run_from_same_state(model, [fn, plain(lowered)], x, y)
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
+        assert_close_relative(g, w)
+
+
+def test_executed_op_copies_equal_schedule_computations(case):
+    """Issue 5b: TF runs one copy of a node's ops per computation in the schedule, none merged away."""
+    fn = generate(case.lowered, case.schedule)
+    computations = case.schedule.recompute.sum(axis=0)
+    expected = {op: int(computations[i]) for i, ops in enumerate(case.lowered.node_ops) for op in ops}
+    assert fn.op_copies == fn.expected_op_copies() == sum(expected.values())
+    executed = fn.executed_op_counts(case.x, case.y)
+    # Grappler is off for the step, but TF's graph optimizer still runs CSE and constant folding:
+    # every copy must survive them.
+    missing = {op: (executed.get(op, 0), n) for op, n in expected.items() if executed.get(op, 0) != n}
+    assert not missing, f"ops whose executed copies differ from the schedule (executed, scheduled): " \
+                        f"{dict(list(missing.items())[:5])}"
+
+
+def test_op_level_step_matches_plain_and_copies():
+    model, loss, xs, ys = residual_cnn_model(batch=2, size=16, filters=4, blocks=1)
+    lowered = lower(model, loss, xs, ys, level="op")
+    graph = lowered.graph
+    result = solve(graph, int(checkpoint_all_peak(graph) * 0.8), strategy="checkmate_lp_rounding")
+    assert result.schedule.recompute_count > 0
+    x, y = batch_for(xs, ys, 10)
+    fn = generate(lowered, result.schedule)
+    (got, want), _ = run_from_same_state(model, [fn, plain(lowered)], x, y)
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
+        assert_close_relative(g, w)
+    executed = fn.executed_op_counts(x, y)
+    assert sum(executed.values()) == fn.expected_op_copies()
+
+
+def test_checkpoint_all_emits_no_copies():
+    model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
+    lowered = lower(model, loss, xs, ys, level="op")
+    rewritten = rewrite_graph_def(lowered, checkpoint_all_schedule(lowered.graph))
+    assert set(rewritten.copies) == {1}
+    names = [nd.name for nd in rewritten.graph_def.node]
+    assert len(names) == len(set(names)) == len(lowered.function.graph.as_graph_def().node)
+
+
+def test_recomputation_copies_are_anchored_on_the_plan_order():
+    """Each copy's entry ops carry a control input on the previous computation's last ops: that is
+    what keeps TF from running ahead, and what keeps CSE from merging copies."""
+    model, loss, xs, ys = mlp_model(batch=8, width=8, depth=3)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    schedule = solve(graph, 10 * checkpoint_all_peak(graph), strategy="checkpoint_last_node").schedule
+    rewritten = rewrite_graph_def(lowered, schedule)
+    by_name = {nd.name: nd for nd in rewritten.graph_def.node}
+    computes = [i for action, i in schedule.plan if action == "compute"]
+    seen = {}
+    for step, i in enumerate(computes):
+        k = seen.get(i, 0)
+        seen[i] = k + 1
+        if step == 0:
+            continue
+        ops = rewritten.copy_ops[(i, k)]
+        prev = computes[step - 1]
+        prev_ops = set(rewritten.copy_ops[(prev, seen[prev] - 1)])
+        controls = {t[1:] for op in ops for t in by_name[op].input if t.startswith("^")}
+        assert controls & prev_ops, f"copy {k} of node {i} is not ordered after node {prev}"
+
+
+def test_global_optimizer_settings_are_restored():
+    model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    fn = generate(lowered, checkpoint_all_schedule(lowered.graph))
+    x, y = batch_for(xs, ys, 10)
+    before = tf.config.optimizer.get_experimental_options()
+    inside = []
+    with _compat.grappler_disabled():
+        inside.append(tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"])
+    fn(x, y)
+    assert inside == [True]
+    assert tf.config.optimizer.get_experimental_options() == before
+    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    try:
+        fn(x, y)
+        assert tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"] is True
+    finally:
+        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before["disable_meta_optimizer"]})
+
+
+def test_plan_that_reads_a_freed_value_is_rejected():
+    model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    schedule = checkpoint_all_schedule(lowered.graph)
+    plan = list(schedule.plan)
+    # free node 0 right after computing it, before its users run
+    plan.remove(("free", 0))
+    plan.insert(plan.index(("compute", 0)) + 1, ("free", 0))
+    bad = Schedule(schedule.recompute, schedule.retain, tuple(plan))
+    with pytest.raises(InvalidScheduleError):
+        generate(lowered, bad)
+
+
+def test_lowered_graph_missing_a_data_edge_is_rejected():
+    model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    fn_graph = lowered.function.graph
+
+    def reads(u, v):
+        producers = set(lowered.node_ops[u])
+        return any(t.op.name in producers for op in lowered.node_ops[v]
+                   for t in fn_graph.get_operation_by_name(op).inputs)
+
+    u, v = next((u, v) for u, v in graph.edges if graph.backward[v] and not graph.backward[u] and reads(u, v))
+    pruned = Graph(graph.nodes, [e for e in graph.edges if e != (u, v)], name=graph.name,
+                   fixed_mem=graph.fixed_mem)
+    broken = dataclasses.replace(lowered, graph=pruned)
+    with pytest.raises(InvalidGraphError, match="no edge"):
+        rewrite_graph_def(broken, checkpoint_all_schedule(pruned))
