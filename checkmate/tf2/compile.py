@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 import types
@@ -380,22 +381,23 @@ def _restore(variables: Sequence[Any], values: Sequence[Any]) -> None:
 
 
 def max_gradient_difference(step: CompiledStep, x: Any, y: Any) -> tuple[float, float]:
-    """(max abs, max relative) difference of loss and gradients between the compiled and the plain
-    step on the same batch, each run from the same state (dropout seed, BatchNorm statistics), which
-    is restored afterwards. Relative: divided by the largest magnitude of the plain tensor."""
+    """(max abs, relative) difference of loss and gradients between the compiled and the plain step
+    on the same batch, each run from the same state (dropout seed, BatchNorm statistics), which is
+    restored afterwards. Relative: the max abs difference over all tensors divided by the largest
+    magnitude among the plain step's loss and gradients (a per-tensor ratio is meaningless for
+    gradients that are zero up to rounding, such as a bias followed by BatchNorm)."""
     state = _state_variables(step.model)
     before = _snapshot(state)
     plain_loss, plain_grads = step.plain_gradients(x, y)
     _restore(state, before)
     loss, grads = step.gradients(x, y)
     _restore(state, before)
-    worst_abs = worst_rel = 0.0
+    worst = scale = 0.0
     for a, b in zip([loss, *grads], [plain_loss, *plain_grads]):
-        diff = float(tf.reduce_max(tf.abs(tf.cast(a, tf.float64) - tf.cast(b, tf.float64))))
-        scale = float(tf.reduce_max(tf.abs(tf.cast(b, tf.float64))))
-        worst_abs = max(worst_abs, diff)
-        worst_rel = max(worst_rel, diff / scale if scale > 0 else diff)
-    return worst_abs, worst_rel
+        a64, b64 = tf.cast(a, tf.float64), tf.cast(b, tf.float64)
+        worst = max(worst, float(tf.reduce_max(tf.abs(a64 - b64))))
+        scale = max(scale, float(tf.reduce_max(tf.abs(b64))))
+    return worst, (worst / scale if scale > 0 else worst)
 
 
 def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
@@ -498,8 +500,17 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             "resident_bytes": resident, "plain": plain, "rows": rows}
 
 
+def allocator_note(device: str) -> str | None:
+    """A caveat about the CPU allocator's statistics, or None when they are byte-exact."""
+    if not device.upper().startswith("CPU") or os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true"):
+        return None
+    return ("TF's default CPU allocator counts only allocations of 256 KiB or more and rounds some up; set "
+            "TF_CPU_ALLOCATOR_USE_BFC=true for byte-exact peaks")
+
+
 def cli_compile(args: Any) -> int:
     """``checkmate compile``: lower a zoo model, profile, solve, generate, run and report per strategy."""
+    from checkmate.cli import _stdout_to_stderr
     from checkmate.tf2 import zoo
     from checkmate.tf2.lowering import lower
 
@@ -507,13 +518,16 @@ def cli_compile(args: Any) -> int:
                   else list(DEFAULT_CLI_STRATEGIES))
     for name in strategies:
         get_strategy(name)
-    built = zoo.build_model(args.model, args.batch_size, args.input_shape)
-    lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
-                    cost_model="profile", progress=False)
-    report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
-                                time_limit_s=args.time_limit, steps=args.steps)
+    # --json promises one JSON object on stdout; solver libraries print banners to fd 1.
+    with _stdout_to_stderr(args.json):
+        built = zoo.build_model(args.model, args.batch_size, args.input_shape)
+        lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
+                        cost_model="profile", progress=False)
+        report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
+                                    time_limit_s=args.time_limit, steps=args.steps)
     report["model"] = args.model
     report["batch_size"] = args.batch_size
+    report["allocator_note"] = allocator_note(report["device"])
     if args.json:
         print(json.dumps(report))
         return 0
@@ -522,6 +536,8 @@ def cli_compile(args: Any) -> int:
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
     print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
           f"{format_bytes(plain['predicted_peak_bytes'])}), {plain['step_seconds'] * 1e3:.1f} ms")
+    if report["allocator_note"]:
+        print(f"note: {report['allocator_note']}")
     header = (f"{'strategy':<22} {'pred. peak':>11} {'meas. peak':>11} {'meas/pred':>9} {'pred. ovh':>9} "
               f"{'time/plain':>10} {'max |dgrad|':>11}")
     print(header)

@@ -1,0 +1,216 @@
+"""checkmate.tf2.compile: the compiled step, measured memory savings, model.fit, infeasible budgets, CLI."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import checkmate  # noqa: E402
+from checkmate.cli import main as cli_main  # noqa: E402
+from checkmate.errors import InfeasibleBudgetError  # noqa: E402
+from checkmate.simulate import simulate  # noqa: E402
+from checkmate.solvers import checkpoint_all_peak  # noqa: E402
+from checkmate.tf2.memory import measure_peak_memory  # noqa: E402
+from test_codegen import MODELS, SOLVE_OPTIONS, STRATEGY, assert_close_relative, batch_for, mlp_model  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+compile_module = importlib.import_module("checkmate.tf2.compile")
+
+
+def twin(name, **kwargs):
+    """Two models with identical weights and state; the second is the one compiled."""
+    model, loss, xs, ys = MODELS[name](**kwargs)
+    other = MODELS[name](**kwargs)[0]
+    for a, b in zip(model.variables, other.variables):
+        b.assign(a)
+    return model, other, loss, xs, ys
+
+
+# ------------------------------------------------------------------------------------------ API
+def test_compiled_step_api():
+    model, loss, xs, ys = mlp_model(batch=256, width=256, depth=8)
+    optimizer = keras.optimizers.SGD(0.01)
+    step = checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="80%", strategy="griewank_logn")
+    assert isinstance(step, checkmate.tf2.CompiledStep)
+    assert step.graph is step.lowered.graph
+    sim = simulate(step.graph, step.schedule)
+    assert step.predicted.peak_memory_bytes == sim.peak_memory_bytes <= step.predicted.budget_bytes
+    assert step.predicted.budget_bytes == int(checkpoint_all_peak(step.graph) * 0.8)
+    assert step.predicted.overhead == pytest.approx(sim.compute_cost / step.graph.total_cost)
+    assert step.predicted.overhead >= 1.0
+    text = step.summary()
+    assert "griewank_logn" in text and "overhead" in text and "predicted peak" in text
+
+    x, y = batch_for(xs, ys, 10)
+    loss_value, grads = step.gradients(x, y)
+    assert loss_value.shape == ()
+    assert [g.shape for g in grads] == [v.shape for v in model.trainable_variables]
+
+    before = [v.numpy() for v in model.trainable_variables]
+    loss2 = step(x, y)
+    assert float(loss2) > 0
+    assert int(optimizer.iterations.numpy()) == 1
+    for w0, v in zip(before, model.trainable_variables):
+        assert not np.array_equal(w0, v.numpy())
+
+
+@pytest.mark.parametrize("budget", [10 * 2**30, "2GiB", "auto"])
+def test_budget_forms(budget):
+    model, loss, xs, ys = mlp_model(batch=64, width=64, depth=2)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget=budget,
+                                 strategy="checkpoint_all")
+    assert step.predicted.budget_bytes >= step.predicted.peak_memory_bytes
+    assert step.schedule.recompute_count == 0
+
+
+def test_optimizer_step_equals_plain_optimizer_step():
+    model, other, loss, xs, ys = twin("residual_cnn", batch=2, size=16, filters=4, blocks=1)
+    x, y = batch_for(xs, ys, 10)
+    # SGD with momentum: optimizer state, and no amplification of rounding noise. (Adam turns the
+    # rounding-level gradient of a bias followed by BatchNorm into full-size, sign-random updates.)
+    opt_a, opt_b = keras.optimizers.SGD(0.05, momentum=0.9), keras.optimizers.SGD(0.05, momentum=0.9)
+    step = checkmate.tf2.compile(other, loss, opt_b, xs, ys, budget="70%", strategy="checkmate_lp_rounding")
+    assert step.schedule.recompute_count > 0
+
+    @tf.function
+    def plain_step(x, y):
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        grads = tape.gradient(value, model.trainable_variables)
+        opt_a.apply_gradients(zip(grads, model.trainable_variables))
+        return value
+
+    for _ in range(2):
+        want = plain_step(x, y)
+        got = step(x, y)
+        assert_close_relative(got, want)
+    for a, b in zip(model.variables, other.variables):
+        assert_close_relative(b.numpy(), a.numpy())
+
+
+# ------------------------------------------------------------------------------------------ memory
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_measured_peak_follows_the_plan(name):
+    """Issue 5c: at 50% of the checkpoint-all peak, the measured step peak is at most 60% of the plain
+    step's and within 15% of the simulator's prediction (both without the resident parameters and
+    batch, which measure_peak_memory excludes)."""
+    model, loss, xs, ys = MODELS[name]()
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="50%",
+                                 strategy=STRATEGY[name], **SOLVE_OPTIONS)
+    x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
+    plain = measure_peak_memory(step.plain_gradients, x, y)
+    measured = measure_peak_memory(step.gradients, x, y)
+    predicted = step.predicted.step_peak_bytes
+    assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
+    assert plain > 0
+    assert measured <= 0.60 * plain, f"measured {measured} vs plain {plain}"
+    assert abs(measured - predicted) <= 0.15 * predicted, f"measured {measured} vs predicted {predicted}"
+
+
+# ------------------------------------------------------------------------------------------ fit
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fit_matches_plain_training(name):
+    """Issue 5d: N steps of model.fit with the compiled step give the weights of plain training;
+    optimizer state, BatchNorm statistics and the dropout seed advance once per step."""
+    steps = 3
+    model, other, loss, xs, ys = twin(name)
+    batch = int(xs.shape[0])
+    rng = np.random.default_rng(1)
+    data_x = rng.standard_normal((steps * batch, *xs.shape[1:])).astype("float32")
+    classes = int(model.outputs[0].shape[-1])
+    data_y = rng.integers(0, classes, size=(steps * batch, *ys.shape[1:])).astype("int32")
+
+    # SGD with momentum (see test_optimizer_step_equals_plain_optimizer_step for why not Adam)
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9), loss=loss)
+    plain_history = model.fit(data_x, data_y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+
+    optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+    step = checkmate.tf2.compile(other, loss, optimizer, xs, ys, budget="50%", strategy=STRATEGY[name],
+                                 **SOLVE_OPTIONS)
+    assert step.schedule.recompute_count > 0
+    trainer = step.keras_model()
+    history = trainer.fit(data_x, data_y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
+
+    assert int(optimizer.iterations.numpy()) == steps == int(model.optimizer.iterations.numpy())
+    np.testing.assert_allclose(history.history["loss"], plain_history.history["loss"], rtol=1e-4)
+    for a, b in zip(model.variables, other.variables):
+        # includes BatchNorm moving statistics and the dropout seed generator's state
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-5, err_msg=a.path)
+    for a, b in zip(model.optimizer.variables, optimizer.variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-6)
+
+
+def test_fit_rejects_a_batch_of_another_size():
+    model, loss, xs, ys = mlp_model(batch=32, width=64, depth=2)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget="100%",
+                                 strategy="checkpoint_all")
+    trainer = step.keras_model()
+    x = np.zeros((48, 64), "float32")
+    y = np.zeros((48,), "int32")
+    with pytest.raises(Exception, match="(?i)shape"):
+        trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
+
+
+# ------------------------------------------------------------------------------------------ budgets
+def test_infeasible_budget_raises_with_the_minimum_before_training():
+    """Issue 5e: a budget below the minimum feasible one raises InfeasibleBudgetError carrying the
+    minimum; nothing has run (weights, optimizer, dropout seed untouched)."""
+    model, loss, xs, ys = mlp_model(batch=256, width=256, depth=4)
+    optimizer = keras.optimizers.Adam(1e-3)
+    before = [v.numpy() for v in model.variables]
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="10%", strategy="chen_greedy")
+    minimum = info.value.min_feasible_budget_bytes
+    assert minimum is not None and minimum > info.value.budget_bytes
+    assert "minimum feasible budget" in str(info.value)
+    for a, b in zip(before, model.variables):
+        np.testing.assert_array_equal(a, b.numpy())
+    assert not optimizer.built or int(optimizer.iterations.numpy()) == 0
+    # the reported minimum is feasible
+    step = checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget=minimum, strategy="chen_greedy")
+    assert step.predicted.peak_memory_bytes <= minimum
+
+
+def test_infeasible_budget_for_the_milp_reports_the_minimum():
+    model, loss, xs, ys = mlp_model(batch=256, width=256, depth=4)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget=2**20,
+                              strategy="checkmate_milp", **SOLVE_OPTIONS)
+    assert info.value.min_feasible_budget_bytes is not None
+    assert info.value.min_feasible_budget_bytes > 2**20
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_cli_compile_json(capsys):
+    code = cli_main(["compile", "--model", "residual_cnn", "--batch-size", "16", "--input-shape", "32,32,3",
+                     "--budget", "60%", "--strategy", "checkpoint_all,chen_greedy,checkmate_lp_rounding",
+                     "--steps", "1", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    report = json.loads(out)
+    rows = {row["strategy"]: row for row in report["rows"]}
+    assert rows["checkpoint_all"]["status"] == "infeasible"
+    assert rows["checkpoint_all"]["min_feasible_budget_bytes"] > rows["checkpoint_all"]["budget_bytes"]
+    ok = [row for row in report["rows"] if row["status"] == "ok"]
+    assert ok
+    for row in ok:
+        assert row["predicted_peak_bytes"] > 0 and row["measured_peak_bytes"] >= 0
+        assert row["predicted_overhead"] >= 1.0
+        assert row["max_grad_rel_diff"] <= 1e-5
+        assert row["step_seconds"] > 0
+    assert report["plain"]["measured_peak_bytes"] > 0
+
+
+def test_cli_compile_table(capsys):
+    code = cli_main(["compile", "--model", "mlp", "--batch-size", "8", "--budget", "100%",
+                     "--strategy", "checkpoint_all", "--steps", "1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "checkpoint_all" in out and "meas. peak" in out and "plain step" in out
