@@ -43,11 +43,11 @@ def _call_in_worker(fn: TaskFn, task: Any) -> Any:
 
 
 def _mp_context():
-    # Forking a process that has already started TensorFlow's thread pools can deadlock the child;
-    # only then pay for a fresh interpreter per worker.
-    if "tensorflow" in sys.modules:
-        return multiprocessing.get_context("forkserver")
-    return multiprocessing.get_context()
+    # Never plain fork: a child forked from a process whose solver (HiGHS) or TensorFlow thread pools
+    # are already running inherits their locks held and deadlocks. A forkserver starts clean once and
+    # forks each worker from there.
+    methods = multiprocessing.get_all_start_methods()
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 def iter_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor: str = "process",

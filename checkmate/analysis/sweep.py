@@ -228,8 +228,8 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     names = _check_strategies(strategies if strategies is not None else default_strategies())
     start = time.perf_counter()
     payload = graph.to_dict()
-    # Each MILP solve gets one thread when several run side by side: the parallelism is across solves.
-    threads = 1 if (executor != "serial" and (workers or 2) > 1) else None
+    # Solver threads stay at the backend default: HiGHS runs its MIP search on one thread regardless.
+    threads = None
     peak_all = checkpoint_all_peak(graph)
     trivial = trivial_budget_bound(graph)
     unaware = [s for s in names if not STRATEGIES[s].budget_aware]
