@@ -212,7 +212,7 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
                  input_shape: tuple[int, ...] | None = None, level: str = "layer", cost_model: str = "flops",
                  reference_batches: tuple[int, int] = (1, 2), confirm: bool | None = None,
                  solver: str | None = None, time_limit_s: float | None = None, progress: bool = False,
-                 extra_forward_passes: float = 1.0) -> list[MaxBatchResult]:
+                 extra_forward_passes: float = 1.0, **options: Any) -> list[MaxBatchResult]:
     """The max-batch study for one zoo model: search on interpolated graphs, then re-extract and
     re-solve each strategy's final batch size; ``confirm`` (default: when the limit fits this
     machine's free memory) runs the compiled step there and records its measured peak."""
@@ -235,8 +235,9 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
         # strategy does: start its (expensive) search from the best size found so far.
         start = max((r.max_batch_size for r in results), default=1) if strategy == "checkmate_milp" else 1
         res = max_batch_size(family, memory_bytes, strategy, extra_forward_passes=extra_forward_passes,
-                             solver=solver, time_limit_s=time_limit_s, model=model, start_batch=start)
-        res = _settle_on_real_graph(res, extract, memory_bytes, strategy, extra_forward_passes, solver, time_limit_s)
+                             solver=solver, time_limit_s=time_limit_s, model=model, start_batch=start, **options)
+        res = _settle_on_real_graph(res, extract, memory_bytes, strategy, extra_forward_passes, solver, time_limit_s,
+                                    options)
         if _should_confirm(confirm, memory_bytes) and res.max_batch_size > 0:
             res.measured = _measure(model, res.max_batch_size, memory_bytes, strategy, input_shape, level,
                                     solver, time_limit_s)
@@ -248,12 +249,13 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
     return results
 
 
-def _settle_on_real_graph(res: MaxBatchResult, extract, memory_bytes, strategy, extra, solver, time_limit_s):
+def _settle_on_real_graph(res: MaxBatchResult, extract, memory_bytes, strategy, extra, solver, time_limit_s,
+                          options):
     """Re-solve the final size on a real extraction; if it does not fit there, step down until one does."""
     b = res.max_batch_size
     while b > 0:
         probe = probe_batch(extract(b), b, memory_bytes, strategy, extra_forward_passes=extra, solver=solver,
-                            time_limit_s=time_limit_s)
+                            time_limit_s=time_limit_s, **options)
         if probe.fits:
             res.final = probe
             break
