@@ -345,8 +345,10 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
 
     r_possible = r_is_var | r_fixed    # R[t, k] may be 1
 
-    # --- FREE cells (t, i, k): k < t, i in deps(k) + {k}, R[t, k] not fixed to 0, i not an output,
-    # i not an input of t (t runs last in the stage and reads i)
+    # --- FREE cells (t, i, k): k < t, i in deps(k), R[t, k] not fixed to 0, i not an output, i not an
+    # input of t (t runs last in the stage and reads i). A value freed right after its own computation
+    # (i == k < t) was computed for nothing; schedules are read back through the minimal R, which never
+    # does that, so those cells are left out (with exact_free they are thereby forbidden).
     pair_i = np.concatenate([np.arange(n), edges[:, 0]])
     pair_k = np.concatenate([np.arange(n), edges[:, 1]])
     reps = n - 1 - pair_k
@@ -354,7 +356,7 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     f_k = np.repeat(pair_k, reps)
     start = np.repeat(np.cumsum(reps) - reps, reps)
     f_t = f_k + 1 + (np.arange(f_i.size) - start)
-    keep = r_possible[f_t, f_k] & ~output[f_i] & ~adj[f_i, f_t]
+    keep = r_possible[f_t, f_k] & ~output[f_i] & ~adj[f_i, f_t] & (f_i != f_k)
     f_t, f_i, f_k = f_t[keep], f_i[keep], f_k[keep]
     order = np.lexsort((f_k, f_i, f_t))
     f_t, f_i, f_k = f_t[order], f_i[order], f_k[order]
@@ -454,6 +456,20 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
         nxt = f_t + 1 < n
         rows.term(rid[nxt], s_col[f_t[nxt] + 1, f_i[nxt]], 1.0, s_fixed[f_t[nxt] + 1, f_i[nxt]])
         rows.term(rid, r_col[f_t, f_k], -1.0, r_fixed[f_t, f_k])
+        # ... and for the value's own computation (p = i): nothing is computed only to be dropped.
+        o_t, o_i = tt[r_is_var[tt, ii] & ~adj[ii, tt]], ii[r_is_var[tt, ii] & ~adj[ii, tt]]
+        rid = rows.new(o_t.size, 0.0, np.inf)
+        rows.term(rid, r_col[o_t, o_i], -1.0)
+        nxt = o_t + 1 < n
+        rows.term(rid[nxt], s_col[o_t[nxt] + 1, o_i[nxt]], 1.0, s_fixed[o_t[nxt] + 1, o_i[nxt]])
+        pos = np.searchsorted(group_key[g_start], o_t * n + o_i) if ng else np.zeros(o_t.size, dtype=np.int64)
+        has = (pos < ng) & (group_key[g_start][np.minimum(pos, max(ng - 1, 0))] == o_t * n + o_i) if ng \
+            else np.zeros(o_t.size, dtype=bool)
+        g_of = pos[has]
+        rep = g_size[g_of]
+        row_rep = np.repeat(rid[has], rep)
+        offset_in_group = np.arange(row_rep.size) - np.repeat(np.cumsum(rep) - rep, rep)
+        rows.term(row_rep, f_col[np.repeat(g_first[g_of], rep) + offset_in_group], 1.0)
 
     # Memory: U at each position where a node may run, chained within the stage.
     first = np.r_[True, u_t[1:] != u_t[:-1]] if nu else np.zeros(0, dtype=bool)

@@ -241,60 +241,93 @@ def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", stra
 def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
     """Solve the MILP; return the cheapest replayed schedule that fits, with the proven lower bound.
 
-    The best fitting baseline is handed to the solver as a MIP start (where the backend takes one) and
+    Order of work: the baselines give a first incumbent; the LP relaxation gives a bound, and its
+    rounding (:func:`round_relaxation`) usually an incumbent within the gap already, in which case the
+    LP bound proves it and no branch and bound is needed. Otherwise the MILP runs for the remaining
+    time, seeded with the best incumbent as a MIP start (where the backend takes one); the incumbent
     is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
-    returned schedule is within ``options.mip_gap`` of the proven bound.
+    returned schedule is within ``options.mip_gap`` of a proven bound.
+
+    ``options.extra``: ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP).
     """
     from checkmate.solvers import StrategyOutput
 
     deadline = _deadline(options)
     backend = get_backend(options.solver)
     label = _solver_label(backend)
+    extra = dict(options.extra or {})
     if budget_bytes < _trivial_lower_bound(graph):
         raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline,
                           "some node's inputs and output alone exceed it")
     form = _build(graph, budget_bytes, options, backend)
-    starts = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
-    start = min(starts, key=lambda c: c.cost) if starts else None
-    x0 = None
-    if start is not None and backend.supports_mip_start:
-        x0 = form.encode(start.schedule.recompute, start.schedule.retain)
-    res = backend.solve(form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
-                        threads=options.threads, verbose=options.verbose, mip_start=x0)
-    if res.status == INFEASIBLE:
-        if start is not None:
-            raise SolverError(f"{label} reports the budget infeasible, yet the {start.source} schedule fits "
-                              f"({start.peak_bytes} <= {budget_bytes} bytes); try another solver")
-        raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, f"{label} proved it")
+    pool = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
+    bound = None
+    if extra.get("root_lp", True) and backend.lp_capable:
+        lp = backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
+                           threads=options.threads, verbose=options.verbose)
+        if lp.status == INFEASIBLE:
+            if pool:
+                raise SolverError(f"{label} reports the LP relaxation infeasible, yet the {pool[0].source} "
+                                  f"schedule fits ({pool[0].peak_bytes} <= {budget_bytes} bytes); try another solver")
+            raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline,
+                              f"even the LP relaxation is infeasible ({label})")
+        if lp.status == OPTIMAL and lp.x is not None:
+            bound = lp.objective * form.model.objective_scale
+            pool += round_relaxation(graph, form, lp.x, budget_bytes, seed=options.seed, deadline=deadline)
 
-    pool = [start] if start is not None else []
-    over = None
-    if res.x is not None:
-        _, S = form.decode(res.x)
-        cand = _evaluate(graph, schedule_from_retain(graph, S), label)
-        if cand is not None and cand.peak_bytes <= budget_bytes:
-            pool.append(cand)
-        elif cand is not None:
-            over = cand.peak_bytes
-    if not pool:
-        if res.status == NO_SOLUTION:
-            raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
-                              f"{budget_bytes} bytes; raise time_limit_s or the budget")
-        raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
-    best = min(pool, key=lambda c: c.cost)
-    bound = None if res.bound is None else res.bound * form.model.objective_scale
+    def best_so_far():
+        return min(pool, key=lambda c: c.cost) if pool else None
+
+    def gap_of(cand, lower):
+        if cand is None or lower is None:
+            return None
+        return max(cand.cost - lower, 0.0) / cand.cost if cand.cost > 0 else 0.0
+
+    res = None
+    best = best_so_far()
+    gap = gap_of(best, bound)
+    if gap is None or gap > options.mip_gap + 1e-9:
+        x0 = None
+        if best is not None and backend.supports_mip_start:
+            x0 = form.encode(best.schedule.recompute, best.schedule.retain)
+        res = backend.solve(form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
+                            threads=options.threads, verbose=options.verbose, mip_start=x0)
+        if res.status == INFEASIBLE:
+            if best is not None:
+                raise SolverError(f"{label} reports the budget infeasible, yet the {best.source} schedule fits "
+                                  f"({best.peak_bytes} <= {budget_bytes} bytes); try another solver")
+            raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, f"{label} proved it")
+        over = None
+        if res.x is not None:
+            _, S = form.decode(res.x)
+            cand = _evaluate(graph, schedule_from_retain(graph, S), label)
+            if cand is not None and cand.peak_bytes <= budget_bytes:
+                pool.append(cand)
+            elif cand is not None:
+                over = cand.peak_bytes
+        if not pool:
+            if res.status == NO_SOLUTION:
+                raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
+                                  f"{budget_bytes} bytes; raise time_limit_s or the budget")
+            raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
+        if res.bound is not None:
+            mip_bound = res.bound * form.model.objective_scale
+            bound = mip_bound if bound is None else max(bound, mip_bound)
+        best = best_so_far()
     if bound is not None:
         bound = min(bound, best.cost)
-    gap = None if bound is None else (best.cost - bound) / best.cost if best.cost > 0 else 0.0
+    gap = gap_of(best, bound)
     optimal = gap is not None and gap <= options.mip_gap + 1e-9
     if optimal:
         status = "optimal" if gap <= 1e-9 else f"optimal within {gap:.2%}"
-    elif res.status in (FEASIBLE, NO_SOLUTION):
+        if res is None:
+            status += " (proven by the LP bound)"
+    elif res is not None and res.status in (FEASIBLE, NO_SOLUTION):
         status = "time limit" + (f", gap {gap:.2%}" if gap is not None else "")
     else:
-        status = res.message or res.status
+        status = (res.message if res is not None else "LP relaxation") + (f", gap {gap:.2%}" if gap is not None else "")
     if best.source != label:
-        status += f" (best schedule: {best.source} start)"
+        status += f" (schedule from {best.source})"
     return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal, status=status, solver=label)
 
 

@@ -68,6 +68,7 @@ class Backend:
     name = "backend"
     label = "backend"        # how results name the solver
     mip_capable = True
+    lp_capable = True
     supports_mip_start = False
     needs_integral_rows = False
 

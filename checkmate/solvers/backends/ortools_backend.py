@@ -26,6 +26,7 @@ class CpSatBackend(Backend):
     name = "ortools"
     label = "ortools/CP-SAT"
     supports_mip_start = True
+    lp_capable = False
     needs_integral_rows = True
 
     def check_available(self) -> None:
