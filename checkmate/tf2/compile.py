@@ -438,12 +438,22 @@ def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list
     return ([value(n, False) for n in lowered.input_names], [value(n, True) for n in lowered.label_names])
 
 
+def measure_plain(lowered: LoweredGraph, flat: Sequence[Any], *, steps: int = 3, device: str | None = None) -> dict:
+    """Measured peak and median step time of the plain step, with checkpoint-all's predicted peak."""
+    from checkmate.solvers import checkpoint_all_peak
+
+    fn = lowered.function
+    return {"measured_peak_bytes": measure_step(fn, *flat, device=device or default_device()).peak_bytes,
+            "step_seconds": time_step_s(fn, *flat, steps=steps),
+            "predicted_peak_bytes": checkpoint_all_peak(lowered.graph) - _resident_bytes(lowered)}
+
+
 DEFAULT_CLI_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
 
 
 def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies: Sequence[str], budget: Any, *,
                        solver: str | None = None, time_limit_s: float | None = None, steps: int = 3,
-                       optimizer: Any = None) -> dict:
+                       optimizer: Any = None, plain: dict | None = None) -> dict:
     """Compile ``lowered`` with each strategy and measure it against the plain step (the demo's view).
 
     Returns ``{"plain": {...}, "rows": [{...} per strategy]}`` with predicted and measured peaks (step
@@ -453,15 +463,11 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     x, y = random_batch(lowered, model)
     flat = x + y
     device = default_device()
-    plain_fn = lowered.function
-    plain_peak = measure_step(plain_fn, *flat, device=device).peak_bytes
-    plain_time = time_step_s(plain_fn, *flat, steps=steps)
-    from checkmate.solvers import checkpoint_all_peak
-
-    ca_peak = checkpoint_all_peak(lowered.graph)
     resident = _resident_bytes(lowered)
-    plain = {"measured_peak_bytes": plain_peak, "step_seconds": plain_time,
-             "predicted_peak_bytes": ca_peak - resident}
+    if plain is None:
+        plain = measure_plain(lowered, flat, steps=steps, device=device)
+    plain_peak = plain["measured_peak_bytes"]
+    plain_time = plain["step_seconds"]
     rows = []
     for name in strategies:
         row: dict[str, Any] = {"strategy": name}
