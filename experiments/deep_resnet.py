@@ -33,7 +33,7 @@ STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
 QUICK = {"units": 24, "units_per_block": 2, "batch": 16, "shape": (16, 16, 16), "repeats": 5}
 FULL = {"units": 500, "units_per_block": 5, "batch": 32, "shape": (32, 32, 16), "repeats": 3}
 COLUMNS = ["model", "layers", "blocks", "graph_nodes", "strategy", "budget_bytes", "simulated_peak_bytes",
-           "fixed_bytes", "simulated_step_peak_bytes",
+           "resident_bytes", "simulated_step_peak_bytes",
            "simulated_overhead", "recomputations", "measured_peak_bytes", "memory_ratio", "step_seconds",
            "time_ratio", "solve_seconds", "optimal"]
 
@@ -124,14 +124,14 @@ def main(argv=None) -> int:
         rows.append({
             "model": model.name, "layers": 2 * cfg["units"], "blocks": blocks, "graph_nodes": graph.n,
             "strategy": strategy, "budget_bytes": step.result.budget_bytes,
-            "simulated_peak_bytes": sim.peak_memory_bytes, "fixed_bytes": graph.fixed_mem,
-            "simulated_step_peak_bytes": sim.peak_memory_bytes - graph.fixed_mem,
+            "simulated_peak_bytes": sim.peak_memory_bytes, "resident_bytes": step.predicted.resident_bytes,
+            "simulated_step_peak_bytes": step.predicted.step_peak_bytes,
             "simulated_overhead": sim.compute_cost / graph.total_cost,
             "recomputations": sim.recompute_count, "measured_peak_bytes": measured.peak_bytes,
             "step_seconds": seconds, "solve_seconds": round(step.result.solve_seconds, 2),
             "optimal": step.result.optimal,
         })
-        print(f"  {strategy:<15} simulated {format_bytes(sim.peak_memory_bytes - graph.fixed_mem)}, measured "
+        print(f"  {strategy:<15} simulated {format_bytes(step.predicted.step_peak_bytes)}, measured "
               f"{format_bytes(measured.peak_bytes)}, {seconds * 1000:.0f} ms/step")
         del step
     base = rows[0]

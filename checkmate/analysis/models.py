@@ -56,8 +56,9 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
                           solver: str | None = None, time_limit_s: float | None = None) -> dict:
     """Compile zoo ``model`` at ``batch_size`` for ``memory_bytes`` with ``strategy``, run one step
     and measure it. The measured figure is the allocator's peak during the step above what was
-    resident before it (parameters, optimizer state and the batch, i.e. the graph's fixed memory);
-    it is reported next to the schedule's predicted peak of the same quantity."""
+    resident before it (parameters and the batch); it is reported next to the schedule's predicted
+    peak of the same quantity, and ``peak_memory_bytes`` adds the resident bytes back (the figure the
+    memory limit bounds)."""
     import time
 
     import keras
@@ -77,10 +78,11 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
         "status": "measured",
         "device": m.device,
         "batch_size": int(batch_size),
-        "predicted_step_peak_bytes": int(step.predicted.activation_peak_bytes),
+        "predicted_step_peak_bytes": int(step.predicted.step_peak_bytes),
         "measured_step_peak_bytes": int(m.peak_bytes),
-        "fixed_bytes": int(step.predicted.fixed_bytes),
-        "peak_memory_bytes": int(m.peak_bytes) + int(step.predicted.fixed_bytes),
+        "resident_bytes": int(step.predicted.resident_bytes),
+        "predicted_peak_bytes": int(step.predicted.peak_memory_bytes),
+        "peak_memory_bytes": int(m.peak_bytes) + int(step.predicted.resident_bytes),
         "predicted_overhead": float(step.predicted.overhead),
         "step_seconds": seconds,
     }
