@@ -65,8 +65,17 @@ def _drop(outputs: Any) -> None:
 
 
 def measure_step(fn: Callable[..., Any], *args: Any, device: str | None = None, warmup: int = 1,
-                 repeats: int = 1) -> PeakMeasurement:
-    """Measure ``fn(*args)``; with ``repeats > 1`` the largest of the measured peaks is kept."""
+                 repeats: int = 1, reduce: str = "max") -> PeakMeasurement:
+    """Measure ``fn(*args)``; with ``repeats > 1``, keep the largest (``reduce="max"``) or the smallest
+    (``"min"``) of the measured peaks.
+
+    The allocator's statistics are process-wide: anything another thread allocates meanwhile (a
+    ``tf.data`` prefetch left running, another model) is counted too. ``"min"`` over a few repeats
+    filters such noise out; ``"max"`` is the conservative figure for a step whose own peak varies
+    from call to call (the plain executor's order is not fixed).
+    """
+    if reduce not in ("max", "min"):
+        raise ValueError(f"reduce must be 'max' or 'min', got {reduce!r}")
     device = device or default_device()
     for _ in range(warmup):
         _drop(fn(*args))
@@ -79,17 +88,17 @@ def measure_step(fn: Callable[..., Any], *args: Any, device: str | None = None, 
         peak = int(tf.config.experimental.get_memory_info(device)["peak"])
         _drop(outputs)
         m = PeakMeasurement(device, max(0, peak - baseline), baseline, peak)
-        if best is None or m.peak_bytes > best.peak_bytes:
+        if best is None or (m.peak_bytes > best.peak_bytes if reduce == "max" else m.peak_bytes < best.peak_bytes):
             best = m
     assert best is not None
     return best
 
 
 def measure_peak_memory(fn: Callable[..., Any], *args: Any, device: str | None = None, warmup: int = 1,
-                        repeats: int = 1) -> int:
+                        repeats: int = 1, reduce: str = "max") -> int:
     """Peak bytes the device allocator handed out while ``fn(*args)`` ran, above what was in use
-    before the call (see the module docstring)."""
-    return measure_step(fn, *args, device=device, warmup=warmup, repeats=repeats).peak_bytes
+    before the call (see the module docstring and :func:`measure_step`)."""
+    return measure_step(fn, *args, device=device, warmup=warmup, repeats=repeats, reduce=reduce).peak_bytes
 
 
 # Allocator fragmentation, kernel workspaces (cuDNN) and the CUDA context are not visible to the

@@ -105,8 +105,9 @@ def test_measured_peak_follows_the_plan(name):
     step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="50%",
                                  strategy=STRATEGY[name], **SOLVE_OPTIONS)
     x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
-    plain = measure_peak_memory(step.plain_gradients, x, y)
-    measured = measure_peak_memory(step.gradients, x, y)
+    # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory)
+    plain = measure_peak_memory(step.plain_gradients, x, y, repeats=2, reduce="min")
+    measured = measure_peak_memory(step.gradients, x, y, repeats=2, reduce="min")
     predicted = step.predicted.step_peak_bytes
     assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
     assert plain > 0
