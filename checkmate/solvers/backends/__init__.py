@@ -28,7 +28,10 @@ an upper-case cvxpy solver name (``"HIGHS"``, ``"SCIPY"``, ``"SCIP"``, ``"GLPK_M
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -79,6 +82,29 @@ class Backend:
               threads: int | None = None, verbose: bool = False,
               mip_start: np.ndarray | None = None) -> BackendResult:
         raise NotImplementedError
+
+
+@contextlib.contextmanager
+def quiet_stdout(enabled: bool = True):
+    """Silence C-level writes to stdout (HiGHS prints a banner when its first instance is made, even
+    with output off), so that ``--json`` output stays parseable."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:   # no real stdout (embedded interpreters): nothing to protect
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _require(module: str, package: str, name: str):

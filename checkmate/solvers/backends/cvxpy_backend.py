@@ -14,7 +14,7 @@ import numpy as np
 
 from checkmate.errors import BackendUnavailableError, SolverError
 from checkmate.solvers.backends import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
-                                        BackendResult, _require)
+                                        BackendResult, _require, quiet_stdout)
 
 __all__ = ["CvxpyBackend", "CVXPY_MILP_SOLVERS"]
 
@@ -89,7 +89,8 @@ class CvxpyBackend(Backend):
             opts = {k: v for k, v in opts.items() if k in ("time_limit", "TimeLimit", "threads", "Threads")}
         start = time.perf_counter()
         try:
-            problem.solve(solver=self.solver, verbose=verbose, **opts)
+            with quiet_stdout(not verbose):
+                problem.solve(solver=self.solver, verbose=verbose, **opts)
         except cp.error.SolverError as exc:
             hint = self._licence_hint(model)
             if hint:

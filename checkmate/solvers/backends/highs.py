@@ -8,7 +8,7 @@ import numpy as np
 
 from checkmate.errors import SolverError
 from checkmate.solvers.backends import (FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, BackendResult,
-                                        _require)
+                                        _require, quiet_stdout)
 
 __all__ = ["HighsBackend"]
 
@@ -44,7 +44,8 @@ class HighsBackend(Backend):
         import highspy
 
         inf = highspy.kHighsInf
-        h = highspy.Highs()
+        with quiet_stdout(not verbose):
+            h = highspy.Highs()
         h.setOptionValue("output_flag", bool(verbose))
         if time_limit_s is not None:
             h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
