@@ -21,6 +21,7 @@ at equal memory; checkpoint-all runs at its own peak.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
-QUICK = {"units": 24, "units_per_block": 2, "batch": 16, "shape": (16, 16, 16), "repeats": 5}
-FULL = {"units": 500, "units_per_block": 5, "batch": 32, "shape": (32, 32, 16), "repeats": 3}
+QUICK = {"units": 24, "units_per_block": 2, "batch": 16, "shape": (16, 16, 16), "repeats": 15}
+FULL = {"units": 500, "units_per_block": 5, "batch": 32, "shape": (32, 32, 16), "repeats": 5}
 COLUMNS = ["model", "layers", "blocks", "graph_nodes", "strategy", "budget_bytes", "simulated_peak_bytes",
            "resident_bytes", "simulated_step_peak_bytes",
            "simulated_overhead", "recomputations", "measured_peak_bytes", "memory_ratio", "step_seconds",
@@ -66,11 +67,10 @@ def build_model(units: int, units_per_block: int, shape, classes: int = 10):
     return keras.Model(inputs, outputs, name=f"resnet{2 * units}"), blocks
 
 
-def time_step(fn, x, y, repeats: int) -> float:
-    """Median wall time of ``fn(x, y)`` after one warm-up call."""
-    import statistics
-
-    fn(x, y)[0].numpy()
+def time_step(fn, x, y, repeats: int, warmup: bool = True) -> float:
+    """Median wall time of ``fn(x, y)`` (after one warm-up call unless ``warmup`` is False)."""
+    if warmup:
+        fn(x, y)[0].numpy()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -114,13 +114,13 @@ def main(argv=None) -> int:
 
     sqrtn_peak = solve(graph, 2**62, strategy="chen_sqrtn").peak_memory_bytes
     budgets = {"checkpoint_all": "100%", "chen_sqrtn": 2**62, "checkmate_milp": sqrtn_peak}
-    rows = []
+    rows, steps = [], {}
     for strategy in STRATEGIES:
         step = compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.01), budget=budgets[strategy],
                                strategy=strategy, time_limit_s=time_limit, mip_gap=0.01)
         sim = simulate(graph, step.schedule)
         measured = measure_step(step.gradients, x, y, repeats=2)
-        seconds = time_step(step.gradients, x, y, cfg["repeats"])
+        steps[strategy] = step
         rows.append({
             "model": model.name, "layers": 2 * cfg["units"], "blocks": blocks, "graph_nodes": graph.n,
             "strategy": strategy, "budget_bytes": step.result.budget_bytes,
@@ -128,12 +128,20 @@ def main(argv=None) -> int:
             "simulated_step_peak_bytes": step.predicted.step_peak_bytes,
             "simulated_overhead": sim.compute_cost / graph.total_cost,
             "recomputations": sim.recompute_count, "measured_peak_bytes": measured.peak_bytes,
-            "step_seconds": seconds, "solve_seconds": round(step.result.solve_seconds, 2),
-            "optimal": step.result.optimal,
+            "solve_seconds": round(step.result.solve_seconds, 2), "optimal": step.result.optimal,
         })
-        print(f"  {strategy:<15} simulated {format_bytes(step.predicted.step_peak_bytes)}, measured "
-              f"{format_bytes(measured.peak_bytes)}, {seconds * 1000:.0f} ms/step")
-        del step
+    # Time the steps in turns rather than one after the other, so that load from other processes on a
+    # shared machine falls on all of them alike; the median of each strategy's turns is reported.
+    for fn in steps.values():
+        fn.gradients(x, y)[0].numpy()
+    turns = {s: [] for s in steps}
+    for _ in range(cfg["repeats"]):
+        for strategy, step in steps.items():
+            turns[strategy].append(time_step(step.gradients, x, y, 1, warmup=False))
+    for row in rows:
+        row["step_seconds"] = statistics.median(turns[row["strategy"]])
+        print(f"  {row['strategy']:<15} simulated {format_bytes(row['simulated_step_peak_bytes'])}, measured "
+              f"{format_bytes(row['measured_peak_bytes'])}, {row['step_seconds'] * 1000:.0f} ms/step")
     base = rows[0]
     for r in rows:
         r["memory_ratio"] = r["measured_peak_bytes"] / base["measured_peak_bytes"]
