@@ -5,7 +5,7 @@ times), then every strategy is solved over a grid of budgets from the smallest f
 checkpoint-all peak. Writes, per model, ``budget_sweep_<model>.csv/.png/.json`` and the graph
 (``graphs/<model>.json``), plus ``budget_sweep.png`` with all models side by side.
 
-    python experiments/budget_sweep.py --quick   # 32x32 (U-Net 64x64) inputs, 6 budgets, 60 s MILP limit
+    python experiments/budget_sweep.py --quick   # batch 8 (U-Net 4), 128x128 (MobileNet 64x64), 6 budgets, 60 s limit
     python experiments/budget_sweep.py           # 224x224 (U-Net 416x608) inputs, 12 budgets, 30 min limit
 
 The paper sweeps VGG16 at batch 256, MobileNet at 512 and U-Net at 32 on a V100. Profiling those
@@ -27,7 +27,8 @@ import common  # noqa: E402
 from checkmate.analysis.sweep import check_consistency, default_strategies, sweep, write_sweep  # noqa: E402
 from checkmate.graph import save_graph  # noqa: E402
 
-QUICK = {"vgg16": (4, (32, 32, 3)), "mobilenet": (4, (32, 32, 3)), "unet": (2, (64, 64, 3))}
+# Quick shapes are the smallest at which activations, not weights, set the memory range of the sweep.
+QUICK = {"vgg16": (8, (128, 128, 3)), "mobilenet": (8, (64, 64, 3)), "unet": (4, (128, 128, 3))}
 FULL = {"vgg16": (16, (224, 224, 3)), "mobilenet": (32, (224, 224, 3)), "unet": (4, (416, 608, 3))}
 TITLES = {"vgg16": "VGG16", "mobilenet": "MobileNet", "unet": "U-Net"}
 

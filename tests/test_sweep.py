@@ -237,3 +237,26 @@ def test_max_batch_milp_beats_checkpoint_all_on_synthetic_unet():
     assert milp.max_batch_size > ca.max_batch_size
     final = next(p for p in milp.probes if p.batch_size == milp.max_batch_size)
     assert final.fits and final.compute_cost <= final.cost_limit * (1 + 1e-9)
+
+
+@needs_milp
+@pytest.mark.slow
+def test_approximation_experiment_quick(tmp_path):
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(repo / "experiments" / "approximation.py"), "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=1800, cwd=repo)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = list(csv.DictReader(open(tmp_path / "approximation.csv")))
+    assert {r["kind"] for r in rows} >= {"chain", "synthetic"}
+    for r in rows:
+        if r["milp_optimal"] == "True" and r["integrality_gap"]:
+            assert float(r["integrality_gap"]) >= 1 - 1e-6  # the LP bounds the MILP from below
+        if r["rounding_ratio"]:
+            assert float(r["rounding_ratio"]) >= 1 - 1e-3  # rounding never beats the (near-)optimum
+    assert (tmp_path / "approximation.png").stat().st_size > 10_000
+    assert "## c. Integrality gap" in (tmp_path / "README.md").read_text()

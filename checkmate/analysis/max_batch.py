@@ -44,6 +44,9 @@ __all__ = ["BatchProbe", "MaxBatchResult", "BatchGraphFamily", "forward_cost", "
 DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "checkmate_milp")
 # Relative slack on the cost bound for float sums taken in different orders.
 _COST_RTOL = 1e-9
+# CLI defaults for MILP probes (see cli_max_batch).
+DEFAULT_PROBE_TIME_LIMIT_S = 120.0
+PROBE_MIP_GAP = 0.02
 # Upper end of the doubling search: beyond any batch size a single device holds for these models.
 MAX_SEARCH_BATCH = 1 << 16
 
@@ -308,8 +311,11 @@ def cli_max_batch(args) -> int:
     strategies = args.strategies or list(DEFAULT_STRATEGIES)
     for s in strategies:
         get_strategy(s)
+    # A probe only has to show that some schedule meets both limits, not to prove it optimal: a loose
+    # gap and a per-solve time limit keep a search of ~10 MILP probes to minutes.
+    time_limit = args.time_limit if args.time_limit is not None else DEFAULT_PROBE_TIME_LIMIT_S
     results = search_model(args.model, memory_bytes, strategies, input_shape=args.input_shape,
-                           time_limit_s=args.time_limit, progress=sys.stderr.isatty())
+                           time_limit_s=time_limit, progress=sys.stderr.isatty(), mip_gap=PROBE_MIP_GAP)
     if args.json:
         print(json.dumps([r.to_json_dict() for r in results]))
         return 0
