@@ -40,12 +40,21 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, default=None, help="per-solve time limit in seconds")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
     p.add_argument("--executor", choices=("process", "ray", "serial"), default="process")
+    p.add_argument("--replot", action="store_true", help="only redraw budget_sweep.png from the JSON results")
     args = p.parse_args(argv)
     started = time.perf_counter()
     setting = QUICK if args.quick else FULL
     models = args.models.split(",") if args.models else list(setting)
     points = args.budgets or (6 if args.quick else 12)
     time_limit = args.time_limit or (60 if args.quick else 1800)
+
+    if args.replot:
+        from checkmate.analysis.sweep import load_sweep_json
+
+        results = {m: load_sweep_json(args.out / f"budget_sweep_{m}.json") for m in models}
+        print(f"redrew {plot_all(results, args.out / 'budget_sweep.png')}")
+        common.finish(args)
+        return 0
 
     from checkmate.analysis.models import extract_graph
 
@@ -82,8 +91,15 @@ def plot_all(results, path: Path) -> Path:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, len(results), figsize=(6.2 * len(results), 4.4), squeeze=False)
+    legend = {}
     for ax, (model, result) in zip(axes[0], results.items()):
         plot_budget_sweep(result, None, ax=ax, title=TITLES.get(model, model))
+        handles, labels = ax.get_legend_handles_labels()
+        legend.update(zip(labels, handles))
+        ax.get_legend().remove()
+    # One legend for all panels, below them, so that no line is hidden behind it.
+    fig.legend(list(legend.values()), list(legend.keys()), loc="lower center", ncol=5, fontsize=8,
+               bbox_to_anchor=(0.5, -0.08))
     out = save_figure(fig, path, 150)
     plt.close(fig)
     return out

@@ -260,3 +260,13 @@ def test_approximation_experiment_quick(tmp_path):
             assert float(r["rounding_ratio"]) >= 1 - 1e-3  # rounding never beats the (near-)optimum
     assert (tmp_path / "approximation.png").stat().st_size > 10_000
     assert "## c. Integrality gap" in (tmp_path / "README.md").read_text()
+
+
+def test_sweep_json_round_trip(tmp_path):
+    from checkmate.analysis.sweep import load_sweep_json
+
+    result = sweep(unet_like(3), BASELINES, budgets=3, executor="serial")
+    paths = write_sweep(result, tmp_path, plot=False)
+    back = load_sweep_json(paths["json"])
+    assert back.rows == result.rows and back.budgets == result.budgets
+    assert back.min_feasible_budget_bytes == result.min_feasible_budget_bytes

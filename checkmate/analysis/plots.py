@@ -160,7 +160,7 @@ def plot_budget_sweep(result: "SweepResult | Sequence[SweepRow]", path: str | os
     ax.set_ylabel("compute overhead (x of one training step)")
     ax.set_title(title or f"{name}: overhead vs. budget")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right", framealpha=0.9)
+    ax.legend(fontsize=7, loc="best", framealpha=0.85)
     if own_figure:
         out = save_figure(fig, path, dpi)
         plt.close(fig)

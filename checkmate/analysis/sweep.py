@@ -29,7 +29,8 @@ from checkmate.graph import Graph, graph_from_dict
 from checkmate.solvers import STRATEGIES, checkpoint_all_peak, format_bytes, get_strategy, solve
 
 __all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "minimum_feasible_budget", "trivial_budget_bound",
-           "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "check_consistency",
+           "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "load_sweep_json",
+           "check_consistency",
            "cli_sweep", "CSV_COLUMNS"]
 
 # Strategies a sweep runs when none are named: the paper's baselines and Checkmate's own two.
@@ -406,6 +407,19 @@ def read_sweep_csv(path: str | os.PathLike) -> list[SweepRow]:
             values["status"] = values["status"] or ""
             rows.append(SweepRow(**values))
     return rows
+
+
+def load_sweep_json(path: str | os.PathLike) -> SweepResult:
+    """Read back the ``<stem>.json`` written by :func:`write_sweep` (for re-plotting without re-solving)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        rows = [SweepRow(**{k: r.get(k) for k in CSV_COLUMNS}) for r in data["rows"]]
+        return SweepResult(data["graph"], data["nodes"], list(data["budgets"]), list(data["strategies"]), rows,
+                           data["checkpoint_all_peak_bytes"], data["min_feasible_budget_bytes"],
+                           data["trivial_bound_bytes"], data["baseline_cost"], data.get("wall_seconds", 0.0),
+                           data.get("meta", {}))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InvalidArgumentError(f"{path}: not a sweep JSON file ({exc})") from None
 
 
 # ------------------------------------------------------------------------------------ CLI
