@@ -119,7 +119,8 @@ def section_max_batch(folder: Path) -> str:
 def section_approximation(folder: Path) -> str:
     out = ["## c. Integrality gap and LP-rounding quality\n",
            "MILP optimum against the LP relaxation's bound (integrality gap) and the rounded LP schedule "
-           "(`experiments/approximation.py`), on chains and real graphs.\n"]
+           "(`experiments/approximation.py`), on chains and real graphs. Where the MILP is not proven optimal "
+           "(it hit the time limit), MILP / LP bound is an upper bound on the integrality gap.\n"]
     path = folder / "approximation.csv"
     if not path.exists():
         out.append(_missing("python experiments/approximation.py --quick"))
