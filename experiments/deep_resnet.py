@@ -123,7 +123,9 @@ def main(argv=None) -> int:
         steps[strategy] = step
         rows.append({
             "model": model.name, "layers": 2 * cfg["units"], "blocks": blocks, "graph_nodes": graph.n,
-            "strategy": strategy, "budget_bytes": step.result.budget_bytes,
+            # A budget-unaware strategy was given an unlimited budget: report the peak it needs instead.
+            "strategy": strategy,
+            "budget_bytes": step.result.budget_bytes if strategy != "chen_sqrtn" else sim.peak_memory_bytes,
             "simulated_peak_bytes": sim.peak_memory_bytes, "resident_bytes": step.predicted.resident_bytes,
             "simulated_step_peak_bytes": step.predicted.step_peak_bytes,
             "simulated_overhead": sim.compute_cost / graph.total_cost,

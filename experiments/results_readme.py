@@ -86,7 +86,10 @@ def section_max_batch(folder: Path) -> str:
     out = ["## b. Maximum batch size (U-Net, FCN8, SegNet, ResNet50, VGG19, MobileNet)\n",
            "The largest batch size each strategy trains within the memory limit with at most one extra "
            "forward pass of compute (`experiments/max_batch.py`). The paper reports up to 5.1x over "
-           "checkpoint-all (MobileNet) for the MILP.\n"]
+           "checkpoint-all (MobileNet) for the MILP. The last column runs the compiled step at each final size: "
+           "the allocator's peak during the step plus the weights and batch resident before it; it can exceed "
+           "the limit by the workspace of TensorFlow's kernels, which the graph does not model "
+           "(`experiments/execution.py` measures that ratio).\n"]
     path = folder / "max_batch.csv"
     if not path.exists():
         out.append(_missing("python experiments/max_batch.py --quick"))
