@@ -29,12 +29,19 @@ last use, and not if it is held into ``t + 1``::
     sum_{k < j} FREE[t, i, k] + R[t, j] <= 1        for each user j of i      (one row per j,
                                                                                a clique cut)
 Those rows make the FREE polytope integral once R and S are, so ``FREE`` needs no integrality and the
-solver branches only on ``R`` and ``S``. The published lower half of the definition
+solver branches only on ``R`` and ``S``. A value freed right after its own computation (``i == k``)
+was computed for nothing; schedules are read back through the minimal R, which never does that, so
+those cells are not modelled either (a third of all FREE cells). The published lower half of the definition
 (``FREE >= R[t,k] - S[t+1,i] - sum_{j>k} R[t,j]``) never tightens the model: frees only relax the
 memory rows, so an optimiser frees whatever it may. It is available as ``exact_free=True`` (one row
 per FREE cell) when the solver's own ``U`` must equal the simulator's accounting cell by cell;
 :meth:`CheckmateFormulation.encode` computes the exact FREE and U of any (R, S) either way.
 Frees after the stage's last node (``k = t``) never reach a memory row and are not modelled.
+``R[t, i] + S[t, i] <= 1`` is added only with ``exact_free`` (see :func:`build_formulation`).
+
+Reading a solution back (:mod:`checkmate.solvers.milp`) uses S alone: holds that nothing uses are
+pruned and R is re-derived as the minimal recomputation, which is at least as cheap and as small as
+any R the solver chose for that S, so the model's freedoms above never reach a returned schedule.
 
 Memory is measured in units of ``mem_unit_bytes``: the gcd of the sizes when that keeps every row
 integral and small (exact under solver tolerances), otherwise a float scale.

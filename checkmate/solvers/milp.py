@@ -25,7 +25,7 @@ from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import simulate
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, get_backend
-from checkmate.solvers.formulation import CheckmateFormulation, SparseModel, build_formulation
+from checkmate.solvers.formulation import CheckmateFormulation, build_formulation
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -159,7 +159,7 @@ def _solver_label(backend) -> str:
 @dataclass(frozen=True)
 class MinimumBudget:
     """``feasible_bytes``: a budget at which a (replayed) schedule exists; ``lower_bytes``: no schedule
-    peaks lower; ``proven``: the two meet (within the solver's tolerance)."""
+    peaks lower; ``proven``: the two meet."""
 
     feasible_bytes: int
     lower_bytes: int
@@ -167,58 +167,49 @@ class MinimumBudget:
     schedule: Schedule
 
 
-def _min_peak_model(form: CheckmateFormulation) -> SparseModel:
-    """Minimise a peak column P >= every U (the budget rows lifted)."""
-    import scipy.sparse as sp
-
-    m = form.model
-    nu = form.u_t.size
-    num = m.num_cols + 1
-    p_col = m.num_cols
-    rows_u = sp.csr_matrix((np.r_[np.ones(nu), -np.ones(nu)],
-                            (np.r_[np.arange(nu), np.arange(nu)],
-                             np.r_[form.u_col0 + np.arange(nu), np.full(nu, p_col)])), shape=(nu, num))
-    A = sp.vstack([sp.hstack([m.A, sp.csr_matrix((m.num_rows, 1))]), rows_u]).tocsr()
-    col_hi = np.r_[m.col_hi, np.inf]
-    col_hi[form.u_col0:form.u_col0 + nu] = np.inf
-    c = np.zeros(num)
-    c[p_col] = 1.0
-    return SparseModel(c, 0.0, A, np.r_[m.row_lo, np.full(nu, -np.inf)], np.r_[m.row_hi, np.zeros(nu)],
-                       np.r_[m.col_lo, 0.0], col_hi, np.r_[m.integer, False], 1.0, m.integral_rows)
+class _ProvenInfeasible(Exception):
+    """The solver proved the budget infeasible (internal; strategies turn it into InfeasibleBudgetError)."""
 
 
 def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_limit_s: float | None = None,
                             candidates: list[_Candidate] | None = None) -> MinimumBudget:
-    """The smallest budget at which a schedule exists, as far as a time-limited min-peak MILP finds."""
-    limit = _MIN_BUDGET_TIME_S if time_limit_s is None else time_limit_s
-    trivial = _trivial_lower_bound(graph)
+    """Bracket the smallest budget at which a schedule exists, within ``time_limit_s``.
+
+    The bracket starts at ``[max_k (mem[k] + inputs of k) + fixed, lowest-peak baseline]`` and is
+    narrowed by bisection, each probe a time-limited feasibility solve of the MILP (LP relaxation,
+    rounding, then branch and bound stopping at the first schedule): a schedule found lowers the top
+    to its replayed peak; a proof of infeasibility (LP or MILP) raises the bottom; a probe that times
+    out ends the search below it. ``feasible_bytes`` always has a replayed schedule; it is the exact
+    minimum when ``proven``.
+    """
+    from checkmate.solvers import SolveOptions
+
+    limit = _MIN_BUDGET_TIME_S if time_limit_s is None else float(time_limit_s)
+    deadline = time.perf_counter() + limit
+    lower = _trivial_lower_bound(graph)
     pool = list(candidates or []) + _baseline_candidates(graph, 2**62, options)
-    best = min(pool, key=lambda c: c.peak_bytes)
-    if best.peak_bytes <= trivial:
-        return MinimumBudget(best.peak_bytes, trivial, True, best.schedule)
-    backend = get_backend(options.solver)
-    form = build_formulation(graph, 2**62, integral_units=backend.needs_integral_rows)
-    model = _min_peak_model(form)
-    start = None
-    if backend.supports_mip_start:
-        x = form.encode(best.schedule.recompute, best.schedule.retain)
-        start = np.r_[x, float(best.peak_bytes - graph.fixed_mem) / form.mem_unit_bytes]
-    res = backend.solve(model, time_limit_s=limit, mip_gap=0.0, threads=options.threads, verbose=options.verbose,
-                        mip_start=start)
-    lower = trivial
-    if res.bound is not None and math.isfinite(res.bound):
-        # the bound is in memory units; round down to stay a lower bound under solver tolerances
-        lower = max(lower, int(math.floor(res.bound * form.mem_unit_bytes * (1 - 1e-9))) + int(graph.fixed_mem))
-    if res.x is not None:
-        _, S = form.decode(res.x[:-1])
-        cand = _evaluate(graph, schedule_from_retain(graph, S), "min-peak MILP")
-        if cand is not None and cand.peak_bytes < best.peak_bytes:
-            best = cand
+    best = min(pool, key=lambda c: (c.peak_bytes, c.cost))
+    floor = lower      # probes below this are pointless: proven infeasible or already timed out
+    probe = lower      # the first probe asks whether the trivial bound is attainable
+    while floor < best.peak_bytes:
+        left = deadline - time.perf_counter()
+        if left <= 0.5:
+            break
+        opts = SolveOptions(solver=options.solver, time_limit_s=left / 3, mip_gap=1.0, threads=options.threads,
+                            verbose=options.verbose, seed=options.seed)
+        try:
+            found, _, _ = _solve_milp(graph, probe, opts)
+        except _ProvenInfeasible:
+            lower = probe + 1
+            found = None
+        except SolverError:
+            found = None
+        if found is not None:
+            best = min(best, found, key=lambda c: (c.peak_bytes, c.cost))
+        floor = max(lower, probe + 1) if found is None else floor
+        probe = (floor + best.peak_bytes) // 2
     lower = min(lower, best.peak_bytes)
-    proven = res.status == OPTIMAL or best.peak_bytes <= lower
-    if proven:
-        lower = best.peak_bytes
-    return MinimumBudget(best.peak_bytes, lower, proven, best.schedule)
+    return MinimumBudget(best.peak_bytes, lower, lower >= best.peak_bytes, best.schedule)
 
 
 def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", strategy: str,
@@ -238,45 +229,34 @@ def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", stra
 
 
 # ---------------------------------------------------------------------------------- strategies
-def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    """Solve the MILP; return the cheapest replayed schedule that fits, with the proven lower bound.
+def _solve_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions"):
+    """(best fitting candidate or None, proven bound or None, last backend result or None).
 
-    Order of work: the baselines give a first incumbent; the LP relaxation gives a bound, and its
-    rounding (:func:`round_relaxation`) usually an incumbent within the gap already, in which case the
-    LP bound proves it and no branch and bound is needed. Otherwise the MILP runs for the remaining
-    time, seeded with the best incumbent as a MIP start (where the backend takes one); the incumbent
-    is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
-    returned schedule is within ``options.mip_gap`` of a proven bound.
-
-    ``options.extra``: ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP).
+    Raises :class:`_ProvenInfeasible` when the LP or the MILP proves that nothing fits and no
+    candidate contradicts it, :class:`SolverError` when the solver fails or a proof is contradicted.
     """
-    from checkmate.solvers import StrategyOutput
-
     deadline = _deadline(options)
     backend = get_backend(options.solver)
     label = _solver_label(backend)
     extra = dict(options.extra or {})
     if budget_bytes < _trivial_lower_bound(graph):
-        raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline,
-                          "some node's inputs and output alone exceed it")
+        raise _ProvenInfeasible("some node's inputs and output alone exceed it")
     form = _build(graph, budget_bytes, options, backend)
     pool = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
     bound = None
-    if extra.get("root_lp", True) and backend.lp_capable:
-        lp = backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
+    # A backend without LPs (CP-SAT) gets its bound and first incumbents from HiGHS' LP on the same model.
+    lp_backend = backend if backend.lp_capable else get_backend("highs")
+    if extra.get("root_lp", True):
+        lp = lp_backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
                            threads=options.threads, verbose=options.verbose)
         if lp.status == INFEASIBLE:
             if pool:
                 raise SolverError(f"{label} reports the LP relaxation infeasible, yet the {pool[0].source} "
                                   f"schedule fits ({pool[0].peak_bytes} <= {budget_bytes} bytes); try another solver")
-            raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline,
-                              f"even the LP relaxation is infeasible ({label})")
+            raise _ProvenInfeasible(f"even the LP relaxation is infeasible ({label})")
         if lp.status == OPTIMAL and lp.x is not None:
             bound = lp.objective * form.model.objective_scale
             pool += round_relaxation(graph, form, lp.x, budget_bytes, seed=options.seed, deadline=deadline)
-
-    def best_so_far():
-        return min(pool, key=lambda c: c.cost) if pool else None
 
     def gap_of(cand, lower):
         if cand is None or lower is None:
@@ -284,7 +264,7 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
         return max(cand.cost - lower, 0.0) / cand.cost if cand.cost > 0 else 0.0
 
     res = None
-    best = best_so_far()
+    best = min(pool, key=lambda c: c.cost) if pool else None
     gap = gap_of(best, bound)
     if gap is None or gap > options.mip_gap + 1e-9:
         x0 = None
@@ -296,7 +276,7 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
             if best is not None:
                 raise SolverError(f"{label} reports the budget infeasible, yet the {best.source} schedule fits "
                                   f"({best.peak_bytes} <= {budget_bytes} bytes); try another solver")
-            raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, f"{label} proved it")
+            raise _ProvenInfeasible(f"{label} proved it")
         over = None
         if res.x is not None:
             _, S = form.decode(res.x)
@@ -305,18 +285,42 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
                 pool.append(cand)
             elif cand is not None:
                 over = cand.peak_bytes
-        if not pool:
-            if res.status == NO_SOLUTION:
-                raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
-                                  f"{budget_bytes} bytes; raise time_limit_s or the budget")
+        if not pool and res.status != NO_SOLUTION:
             raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
         if res.bound is not None:
             mip_bound = res.bound * form.model.objective_scale
             bound = mip_bound if bound is None else max(bound, mip_bound)
-        best = best_so_far()
+        best = min(pool, key=lambda c: c.cost) if pool else None
+    return best, bound, res
+
+
+def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+    """Solve the MILP; return the cheapest replayed schedule that fits, with the proven lower bound.
+
+    Order of work: the baselines give a first incumbent; the LP relaxation gives a bound, and its
+    rounding (:func:`round_relaxation`) usually an incumbent within the gap already, in which case the
+    LP bound proves it and no branch and bound is needed. Otherwise the MILP runs for the remaining
+    time, seeded with the best incumbent as a MIP start (where the backend takes one); the incumbent
+    is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
+    returned schedule is within ``options.mip_gap`` of a proven bound.
+
+    ``options.extra``: ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
+    ``exact_free=True`` builds the model with the exact FREE definition.
+    """
+    from checkmate.solvers import StrategyOutput
+
+    deadline = _deadline(options)
+    label = _solver_label(get_backend(options.solver))
+    try:
+        best, bound, res = _solve_milp(graph, budget_bytes, options)
+    except _ProvenInfeasible as why:
+        raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, str(why)) from None
+    if best is None:
+        raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
+                          f"{budget_bytes} bytes; raise time_limit_s or the budget")
     if bound is not None:
         bound = min(bound, best.cost)
-    gap = gap_of(best, bound)
+    gap = None if bound is None else (best.cost - bound) / best.cost if best.cost > 0 else 0.0
     optimal = gap is not None and gap <= options.mip_gap + 1e-9
     if optimal:
         status = "optimal" if gap <= 1e-9 else f"optimal within {gap:.2%}"
