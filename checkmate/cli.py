@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", metavar="NAME")
     p.add_argument("--batch-size", type=_positive_int)
     p.add_argument("--input-shape", type=_shape, default=None, metavar="H,W,C")
+    p.add_argument("--level", choices=("layer", "op"), default="layer", help="with --model: graph granularity")
+    p.add_argument("--cost-model", choices=("profile", "flops"), default="flops",
+                   help="with --model: profiled op times on this device, or FLOP counts (default)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--strategies", type=_strategy_list, default=None)
     p.add_argument("--budgets", type=_positive_int, default=10, metavar="N")

@@ -438,7 +438,8 @@ def _graph_from_args(args) -> Graph:
         raise InvalidArgumentError("--model needs --batch-size")
     from checkmate.analysis.models import extract_graph
 
-    return extract_graph(args.model, args.batch_size, input_shape=args.input_shape)
+    return extract_graph(args.model, args.batch_size, input_shape=args.input_shape,
+                         level=getattr(args, "level", "layer"), cost_model=getattr(args, "cost_model", "flops"))
 
 
 def cli_sweep(args) -> int:
