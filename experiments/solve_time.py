@@ -406,9 +406,9 @@ def main(argv=None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if quick else ""
     out_path = Path(args.out) if args.out else RESULTS / f"solve_time{suffix}.csv"
-    need_min = any(kind == "min" for name in graphs for _, kind, _ in budgets_for(name))
-    with_min = min_budgets(dict(graphs), min(time_limit, 120.0), RESULTS / "solve_time_min_budgets.json") if need_min \
-        else {k: (g, None) for k, g in graphs.items()}
+    need_min = {k: g for k, g in graphs.items() if any(kind == "min" for _, kind, _ in budgets_for(k))}
+    with_min = {k: (g, None) for k, g in graphs.items()}
+    with_min.update(min_budgets(need_min, min(time_limit, 120.0), RESULTS / "solve_time_min_budgets.json"))
 
     rows = []
     with open(out_path, "w", newline="") as fh:

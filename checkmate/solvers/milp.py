@@ -5,11 +5,11 @@ All three share :mod:`checkmate.solvers.formulation` and a backend from
 its retention matrix S alone (useless holds pruned, R re-derived as the minimal recomputation) and
 replayed by the simulator; a solution is only used if that replay fits the budget.
 
-Minimum feasible budget (carried by :class:`InfeasibleBudgetError`): the peak of the lowest-peak
-schedule found by a min-peak MILP under a short time limit, seeded with the lowest-peak baseline. A
-schedule with that peak exists (it was replayed), so the budget it names is always feasible; it is the
-exact minimum whenever that MILP finished (the message says which), and never below
-``max_k (mem[k] + inputs of k) + fixed``.
+Minimum feasible budget (carried by :class:`InfeasibleBudgetError`): a bracket narrowed by bisection
+(:func:`minimum_feasible_budget`) between ``max_k (mem[k] + inputs of k) + fixed`` and the lowest
+baseline peak, each probe a short feasibility solve. The budget it names always has a replayed
+schedule, so it is always feasible; the message says whether it is proven minimal or only how far
+the proven lower end lies below it.
 """
 
 from __future__ import annotations
