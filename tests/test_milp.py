@@ -329,3 +329,19 @@ def test_lp_rounding_on_a_synthetic_unet():
     assert_valid_schedule(graph, r.schedule, budget)
     lp = solve(graph, budget, "lower_bound_lp")
     assert lp.lower_bound == pytest.approx(r.lower_bound)
+
+
+@pytest.mark.parametrize("strategy", ["checkmate_milp", "checkmate_lp_rounding"])
+def test_one_byte_over_a_huge_budget_is_infeasible_despite_solver_tolerances(strategy):
+    """Memory in float units hides one byte in 2**40 from the solver; the replay does not."""
+    b = GraphBuilder("huge")
+    b.add_node("a", 1, 7)
+    big = b.add_node("big", 2, 2**40, output=True)
+    b.add_node("c", 1, 0, [big])
+    b.add_node("d", 1, 1)
+    graph = b.build()
+    with pytest.raises(InfeasibleBudgetError) as err:
+        solve(graph, 2**40, strategy)
+    assert err.value.min_feasible_budget_bytes == 2**40 + 1
+    r = solve(graph, 2**40 + 1, strategy)
+    assert_valid_schedule(graph, r.schedule, 2**40 + 1)

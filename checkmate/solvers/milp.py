@@ -222,10 +222,18 @@ def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", stra
         detail = (f"the minimum feasible budget is {feasible} bytes" if mb.proven else
                   f"a schedule fits in {feasible} bytes and none in less than {mb.lower_bytes}")
     except CheckmateError as exc:
+        mb = None
         feasible = None
         detail = f"the minimum feasible budget could not be established ({exc})"
-    return InfeasibleBudgetError(f"no schedule fits in {budget_bytes} bytes ({why}); {detail}",
-                                 budget_bytes=budget_bytes, min_feasible_budget_bytes=feasible, strategy=strategy)
+    error = InfeasibleBudgetError(f"no schedule fits in {budget_bytes} bytes ({why}); {detail}",
+                                  budget_bytes=budget_bytes, min_feasible_budget_bytes=feasible, strategy=strategy)
+    error.minimum = mb
+    return error
+
+
+def _tolerance_bytes(graph: "Graph", budget_bytes: int) -> int:
+    """Bytes that a solver's feasibility tolerance (about 1e-6 relative) may hide in a memory row."""
+    return max(1, math.ceil(1e-6 * max(budget_bytes - int(graph.fixed_mem), 0)))
 
 
 # ---------------------------------------------------------------------------------- strategies
@@ -270,21 +278,30 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions"):
         x0 = None
         if best is not None and backend.supports_mip_start:
             x0 = form.encode(best.schedule.recompute, best.schedule.retain)
-        res = backend.solve(form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
-                            threads=options.threads, verbose=options.verbose, mip_start=x0)
-        if res.status == INFEASIBLE:
-            if best is not None:
-                raise SolverError(f"{label} reports the budget infeasible, yet the {best.source} schedule fits "
-                                  f"({best.peak_bytes} <= {budget_bytes} bytes); try another solver")
-            raise _ProvenInfeasible(f"{label} proved it")
-        over = None
-        if res.x is not None:
-            _, S = form.decode(res.x)
-            cand = _evaluate(graph, schedule_from_retain(graph, S), label)
-            if cand is not None and cand.peak_bytes <= budget_bytes:
-                pool.append(cand)
-            elif cand is not None:
-                over = cand.peak_bytes
+        solve_form = form
+        for attempt in range(2):
+            res = backend.solve(solve_form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
+                                threads=options.threads, verbose=options.verbose, mip_start=x0)
+            if res.status == INFEASIBLE:
+                if best is not None:
+                    raise SolverError(f"{label} reports the budget infeasible, yet the {best.source} schedule "
+                                      f"fits ({best.peak_bytes} <= {budget_bytes} bytes); try another solver")
+                raise _ProvenInfeasible(f"{label} proved it" + (" within its tolerances" if attempt else ""))
+            over = None
+            if res.x is not None:
+                _, S = form.decode(res.x)
+                cand = _evaluate(graph, schedule_from_retain(graph, S), label)
+                if cand is not None and cand.peak_bytes <= budget_bytes:
+                    pool.append(cand)
+                elif cand is not None:
+                    over = cand.peak_bytes
+            slack = _tolerance_bytes(graph, budget_bytes)
+            if over is None or pool or attempt or over - budget_bytes > slack:
+                break
+            # The solver's tolerances let a few bytes too many through (memory in float units, values far
+            # apart in size): solve once more with the budget lowered by that tolerance.
+            solve_form = form.with_budget(budget_bytes - max(over - budget_bytes, slack))
+            x0 = None
         if not pool and res.status != NO_SOLUTION:
             raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
         if res.bound is not None:
@@ -314,7 +331,15 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
     try:
         best, bound, res = _solve_milp(graph, budget_bytes, options)
     except _ProvenInfeasible as why:
-        raise _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, str(why)) from None
+        error = _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, str(why))
+        mb = getattr(error, "minimum", None)
+        if mb is not None and mb.feasible_bytes <= budget_bytes:
+            # a proof "within tolerances" that the minimum-budget search contradicts with a replayed
+            # schedule: return that schedule, without claiming anything about its cost
+            return StrategyOutput(mb.schedule, lower_bound=None, optimal=False,
+                                  status="schedule from the minimum-budget search (the solver's proof of "
+                                         "infeasibility relied on its tolerances)", solver=label)
+        raise error from None
     if best is None:
         raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
                           f"{budget_bytes} bytes; raise time_limit_s or the budget")
@@ -453,6 +478,11 @@ def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: "SolveOpti
     bound = res.objective * form.model.objective_scale
     found = round_relaxation(graph, form, res.x, budget_bytes, seed=options.seed, deadline=deadline)
     if not found:
+        error = _infeasible(graph, budget_bytes, options, "checkmate_lp_rounding", deadline,
+                            "no rounding of the LP relaxation fits")
+        mb = getattr(error, "minimum", None)
+        if mb is not None and mb.lower_bytes > budget_bytes:
+            raise error      # proven: nothing fits, the LP was feasible only within its tolerances
         raise SolverError(f"no rounding of the LP relaxation fits {budget_bytes} bytes; "
                           "use checkmate_milp for this budget")
     best = min(found, key=lambda c: c.cost)
