@@ -537,8 +537,6 @@ def test_solver_strategies_on_random_graphs(doc):
             assert costs["lower_bound_lp"].lower_bound <= milp.compute_cost + 1e-6
 
 
-@pytest.mark.xfail(strict=True, reason="MILP/LP rounding compare bytes with solver tolerance: one byte over a "
-                                       "2**40-byte budget is accepted by HiGHS, then refused on replay (exit 4)")
 def test_one_byte_short_of_a_large_minimum_is_infeasible_not_a_solver_failure():
     doc = native([node(0, mem=7), node(1, cost=2.0, mem=2**40, output=True), node(2, mem=0), node(3, mem=1)],
                  [[1, 2]])

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from checkmate.errors import SolverError
+from checkmate.errors import BackendUnavailableError, SolverError
 from checkmate.solvers.backends import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
                                         BackendResult, _require)
 
@@ -30,6 +30,15 @@ class CpSatBackend(Backend):
     needs_integral_rows = True
 
     def check_available(self) -> None:
+        import sys
+
+        # OR-Tools 9.x and TensorFlow 2.21 ship clashing native protobuf/abseil builds: CP-SAT
+        # segfaults in a process that has loaded TensorFlow (observed with ortools 9.15). Refuse
+        # cleanly instead of taking the process down.
+        if "tensorflow" in sys.modules:
+            raise BackendUnavailableError(
+                "the OR-Tools backend cannot run in a process that has imported TensorFlow (their native "
+                f"libraries clash); solve the graph file with 'checkmate solve --solver ortools' or use {DEFAULT_FALLBACK}")
         _require("ortools.sat.python.cp_model", "ortools", self.name)
 
     def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
