@@ -60,7 +60,7 @@ def main() -> None:
                     print(f"{g.name:>16} {budget:>4} {strategy:<24} {row['wall_seconds']:.3f} s")
     name = "baseline_cli_time_quick" if args.quick else "baseline_cli_time"
     write_csv(args.out / f"{name}.csv", rows)
-    write_meta(args.out / f"{name}.json", "quick" if args.quick else "full",
+    write_meta(args.out / f"{name}.meta.json", "quick" if args.quick else "full",
                {"max_wall_seconds": max(r["wall_seconds"] for r in rows)}, started)
     worst = max(rows, key=lambda r: r["wall_seconds"])
     print(f"slowest: {worst['strategy']} on {worst['graph']} at {worst['budget']}: {worst['wall_seconds']:.3f} s")

@@ -189,6 +189,56 @@ def section_deep_resnet(folder: Path) -> str:
     return "\n".join(out)
 
 
+def section_execution(folder: Path) -> str:
+    out = ["## f. Executed schedules: measured against predicted\n",
+           "Each strategy's compiled step run on this machine at fractions of the checkpoint-all peak: the "
+           "simulator's predicted step peak, the allocator's measured peak, step time against the plain step and "
+           "the largest gradient difference against plain training (`experiments/execution.py`).\n"]
+    files = sorted(folder.glob("execution_*.csv"))
+    if not files:
+        out.append(_missing("python experiments/execution.py --quick"))
+        return "\n".join(out)
+    for path in files:
+        rows = [r for r in read_csv(path) if r.get("measured_peak_bytes")]
+        for r in rows:
+            for k in ("predicted_peak_bytes", "measured_peak_bytes", "plain_measured_peak_bytes"):
+                r[k] = fmt_bytes(r.get(k))
+            for k in ("measured_over_predicted", "measured_over_plain", "predicted_overhead", "time_over_plain"):
+                r[k] = fmt_float(r.get(k), 2)
+            r["max_grad_rel_diff"] = f"{float(r['max_grad_rel_diff']):.1e}" if r.get("max_grad_rel_diff") else None
+        cols = [("device", "device"), ("model", "model"), ("strategy", "strategy"), ("budget_fraction", "budget"),
+                ("predicted_peak_bytes", "predicted peak"), ("measured_peak_bytes", "measured peak"),
+                ("measured_over_predicted", "measured / predicted"), ("plain_measured_peak_bytes", "plain peak"),
+                ("measured_over_plain", "measured / plain"), ("predicted_overhead", "predicted overhead"),
+                ("time_over_plain", "time / plain"), ("max_grad_rel_diff", "max gradient diff")]
+        out.append(f"`{path.name}` (rows where the budget was feasible):\n")
+        out.append(markdown_table(rows, cols) + "\n")
+        png = path.with_suffix(".png")
+        if png.exists():
+            out.append(f"![execution]({png.name})\n")
+    return "\n".join(out)
+
+
+def section_baseline_cli_time(folder: Path) -> str:
+    out = ["## g. Baselines through the command line on 350-node graphs\n",
+           "Wall time of one `checkmate solve ... --json` process per baseline (Python start-up, parsing and the "
+           "percentage budget included; best of several runs) on ~350-node, ~750-edge graph files "
+           "(`experiments/baseline_cli_time.py`). The bar is one second each.\n"]
+    files = sorted(folder.glob("baseline_cli_time*.csv"))
+    if not files:
+        out.append(_missing("python experiments/baseline_cli_time.py --quick"))
+        return "\n".join(out)
+    for path in files:
+        out.append(_meta(folder, path.stem))
+        rows = read_csv(path)
+        cols = [("graph", "graph"), ("nodes", "nodes"), ("edges", "edges"), ("budget", "budget"),
+                ("strategy", "strategy"), ("wall_seconds", "seconds"), ("feasible", "fits"), ("overhead", "overhead")]
+        for r in rows:
+            r["overhead"] = fmt_float(r.get("overhead"), 3)
+        out.append(markdown_table(rows, cols) + "\n")
+    return "\n".join(out)
+
+
 def write_readme(folder: Path | str = common.RESULTS) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -203,6 +253,8 @@ def write_readme(folder: Path | str = common.RESULTS) -> Path:
         section_approximation(folder),
         section_solve_time(folder),
         section_deep_resnet(folder),
+        section_execution(folder),
+        section_baseline_cli_time(folder),
     ]
     path = folder / "README.md"
     path.write_text("\n".join(parts))
