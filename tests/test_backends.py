@@ -1,5 +1,7 @@
 """Backends: names, status translation, MIP starts, licence refusals, and agreement on the optimum."""
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -29,6 +31,15 @@ def usable(name):
 
 
 MILP_BACKENDS = [name for name in ["highs", "cvxpy", "SCIPY", "gurobi", "ortools"] if usable(name)]
+
+
+@pytest.fixture(autouse=True)
+def _cp_sat_needs_a_process_without_tensorflow(request):
+    # CP-SAT refuses to run beside TensorFlow (clashing native libraries); under pytest-xdist a worker
+    # may already have imported TensorFlow for other tests. tests/tf2/test_ortools_guard.py checks the refusal.
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    if "ortools" in params.values() and "tensorflow" in sys.modules:
+        pytest.skip("TensorFlow is loaded in this test process; CP-SAT refuses to run beside it")
 
 
 def knapsack(capacity):

@@ -63,7 +63,10 @@ def test_python_callables_and_eager_ops():
         y = x * 3.0                         # 1 MiB
         return y + 1.0                      # 1 MiB, y still alive
 
-    assert measure_peak_memory(eager, tf.ones([FLOATS_PER_MIB]), repeats=3, reduce="min") == 2 * MIB
+    # Two 1 MiB results; after other tests in the same process the eager runtime may add one small
+    # cached allocation of the allocator's 256 KiB granularity, never a third MiB.
+    peak = measure_peak_memory(eager, tf.ones([FLOATS_PER_MIB]), repeats=3, reduce="min")
+    assert 2 * MIB <= peak <= 2 * MIB + MIB // 4
     with pytest.raises(ValueError):
         measure_peak_memory(eager, tf.ones([FLOATS_PER_MIB]), reduce="mean")
 

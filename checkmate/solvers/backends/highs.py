@@ -50,8 +50,7 @@ class HighsBackend(Backend):
         if time_limit_s is not None:
             h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
         h.setOptionValue("mip_rel_gap", float(mip_gap))
-        if threads:
-            h.setOptionValue("threads", int(threads))
+        _use_threads(highspy, h, threads)
         for key, value in (extra_options or {}).items():
             if h.setOptionValue(key, value) != highspy.HighsStatus.kOk:
                 raise SolverError(f"HiGHS rejected option {key}={value!r}")
@@ -113,3 +112,19 @@ class HighsBackend(Backend):
         if out == OPTIMAL and x is None:
             raise SolverError("HiGHS reported an optimum but returned no solution")
         return BackendResult(out, x, objective, bound, solver="highs", message=name, seconds=seconds)
+
+
+# HiGHS runs every instance of a process on one global task scheduler, sized by the first solve;
+# a later solve asking for another thread count fails with status "Not Set" (highspy 1.16). Reset
+# the scheduler whenever the requested count changes (solves in one process run one at a time).
+_NOT_STARTED = object()
+_scheduler_threads: list = [_NOT_STARTED]
+
+
+def _use_threads(highspy, h, threads) -> None:
+    wanted = int(threads) if threads else None
+    if wanted is not None:
+        h.setOptionValue("threads", wanted)
+    if _scheduler_threads[0] is not _NOT_STARTED and wanted != _scheduler_threads[0]:
+        highspy.Highs.resetGlobalScheduler(True)
+    _scheduler_threads[0] = wanted
