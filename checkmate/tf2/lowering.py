@@ -621,9 +621,8 @@ def _layer_groups(traced: TracedStep, infos: Sequence[OpInfo]) -> list[_Group]:
     return _merge_cycles(groups, infos)
 
 
-def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]:
-    """Merge groups that depend on each other in a cycle (possible only when attribution heuristics
-    interleave two layers); a merged group is non-recomputable if any part was."""
+def _group_dependencies(groups: list[_Group], infos: Sequence[OpInfo]) -> nx.DiGraph:
+    """Group k depends on group d when one of k's ops reads (data or control) an op of d."""
     owner = {i: k for k, g in enumerate(groups) for i in g.ops}
     by_name = {info.op.name: info.index for info in infos}
     dg = nx.DiGraph()
@@ -635,6 +634,13 @@ def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]
                 j = by_name[src]
                 if j in owner and owner[j] != k:
                     dg.add_edge(owner[j], k)
+    return dg
+
+
+def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]:
+    """Merge groups that depend on each other in a cycle (possible only when attribution heuristics
+    interleave two layers); a merged group is non-recomputable if any part was."""
+    dg = _group_dependencies(groups, infos)
     if nx.is_directed_acyclic_graph(dg):
         return groups
     merged = []
@@ -693,19 +699,7 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
 
 def _build(traced: TracedStep, infos: Sequence[OpInfo], groups: list[_Group], level: str,
            name: str, fixed: int) -> tuple[Graph, tuple[tuple[str, ...], ...], dict[str, int], tuple[int, ...]]:
-    owner = {i: k for k, g in enumerate(groups) for i in g.ops}
-    by_name = {info.op.name: info.index for info in infos}
-    deps: list[set[int]] = [set() for _ in groups]
-    for k, g in enumerate(groups):
-        for i in g.ops:
-            op = infos[i].op
-            for src in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
-                j = by_name[src]
-                if j in owner and owner[j] != k:
-                    deps[k].add(owner[j])
-    dg = nx.DiGraph()
-    dg.add_nodes_from(range(len(groups)))
-    dg.add_edges_from((d, k) for k in range(len(groups)) for d in deps[k])
+    dg = _group_dependencies(groups, infos)
     first = [min(g.ops) for g in groups]
     order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
     new_id = {old: new for new, old in enumerate(order)}
@@ -737,7 +731,7 @@ def _build(traced: TracedStep, infos: Sequence[OpInfo], groups: list[_Group], le
                           recomputable=g.recomputable))
         node_ops.append(tuple(infos[i].op.name for i in sorted(g.ops)))
         workspace.append(int(ws))
-    edges = [(new_id[d], new_id[k]) for k in range(len(groups)) for d in deps[k]]
+    edges = [(new_id[d], new_id[k]) for d, k in dg.edges]
     graph = Graph(nodes, edges, name=name, fixed_mem=fixed)
     assert graph.source_ids == tuple(range(graph.n)), "lowering must emit nodes in a topological order"
     op_node = {op: nid for nid, ops in enumerate(node_ops) for op in ops}
