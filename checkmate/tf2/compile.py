@@ -536,7 +536,7 @@ def cli_compile(args: Any) -> int:
     report["allocator_note"] = allocator_note(report["device"])
     if args.json:
         print(json.dumps(report))
-        return 0
+        return _compile_exit_code(report["rows"])
     plain = report["plain"]
     print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
@@ -558,7 +558,22 @@ def cli_compile(args: Any) -> int:
         print(f"{row['strategy']:<22} {format_bytes(row['predicted_peak_bytes']):>11} "
               f"{format_bytes(row['measured_peak_bytes']):>11} {ratio:>9} {row['predicted_overhead']:>8.2f}x "
               f"{row['time_over_plain']:>9.2f}x {row['max_grad_diff']:>11.2e}")
-    return 0
+    return _compile_exit_code(report["rows"])
+
+
+def _compile_exit_code(rows: list[dict]) -> int:
+    """0 when some strategy ran; else 3 if every strategy was infeasible (naming the least budget any
+    of them needs), 4 if a solver failed: the CLI's exit-code contract."""
+    if any(row["status"] == "ok" for row in rows):
+        return 0
+    needs = [row["min_feasible_budget_bytes"] for row in rows
+             if row["status"] == "infeasible" and row.get("min_feasible_budget_bytes") is not None]
+    if rows and all(row["status"] == "infeasible" for row in rows):
+        least = f"; minimum feasible budget: {min(needs)} bytes" if needs else ""
+        print(f"checkmate: infeasible budget: no strategy fits{least}", file=sys.stderr)
+        return 3
+    print("checkmate: solver failed: no strategy produced a schedule", file=sys.stderr)
+    return 4
 
 
 class _CallableModule(types.ModuleType):

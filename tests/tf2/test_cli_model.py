@@ -26,3 +26,11 @@ def test_sweep_needs_a_graph_or_a_model(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "checkmate", "sweep", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+
+
+def test_compile_exits_3_when_no_strategy_fits():
+    proc = subprocess.run([sys.executable, "-m", "checkmate", "compile", "--model", "mlp", "--batch-size", "8",
+                           "--budget", "1KiB", "--strategy", "checkpoint_all,chen_sqrtn"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 3, proc.stderr
+    assert "minimum feasible budget" in proc.stderr and "does not fit" in proc.stdout
