@@ -67,8 +67,8 @@ class Prediction:
 def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:
     """Simulated peak minus the bytes resident before the step (parameters and batch).
 
-    At layer level the lowering counts the parameter gradients in ``fixed_mem``; they are produced
-    by the step, so they stay in this figure.
+    The parameter gradients are produced by the step (output nodes at both levels), so they count
+    in this figure from the moment they are computed.
     """
     peak = simulate(lowered.graph, schedule).peak_memory_bytes
     return int(peak - _resident_bytes(lowered))

@@ -31,7 +31,8 @@ TF registers as stateful other than reads of unassigned variables), or is an opa
 op without outputs (``AssignVariableOp``: ``mem = 0``, never recomputable), so that it runs exactly
 once, in order. A multi-output op is one node whose ``mem`` is the sum of the bytes of *all* its
 outputs (each output is allocated when the op runs, whether or not it is used later).
-``mem`` is the static size of the outputs, ``num_elements * dtype.size``.
+``mem`` is the static size of the outputs, ``num_elements * dtype.size``. The nodes producing the
+loss and the parameter gradients are the step's outputs.
 
 **Layer level** (``level="layer"``, the paper's granularity): the ops of each top-level Keras layer
 call form one forward node, and the gradient ops of that layer one backward node (the loss function
@@ -42,39 +43,38 @@ their producers. A layer whose forward ops mix recomputable and non-recomputable
 moving-average update, Dropout's seed variable) is split into a recomputable node and a
 ``<layer>:state`` node holding the non-recomputable ops (plus the stateless ops that only feed them),
 so that the layer's activations stay recomputable. A layer node's ``mem`` is the bytes of the
-tensors it produces that are used outside it (by other nodes, or as the loss output; parameter
-gradients excepted, see below); tensors consumed only inside the node, or otherwise only by dead ops,
-are transient. Their extra peak while the node runs is reported per
-node in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's peak footprint on top of
-``fixed_mem``).
+tensors it produces that are used outside it (by other nodes, or as step outputs); tensors consumed
+only inside the node, or otherwise only by dead ops, are transient. Their extra peak while the node
+runs is reported per node in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's
+peak footprint on top of ``fixed_mem``).
 
-Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
-computation to the end of the step (DESIGN §3), and a node's value is all of its ``mem``. At op level
-this is exact: each gradient op is a node whose value is the gradient, and the nodes producing the loss
-and the gradients are the outputs. At layer level a backward node mixes the parameter gradients
-(``Conv2DBackpropFilter``, ``BiasAddGrad``: step outputs, small) with the activation gradient it
-passes to the previous layer's backward node (``Conv2DBackpropInput``: large, dead once consumed).
-Flagging such a node ``output`` would keep every activation gradient to the end of the step and make
-every schedule peak at the end of the backward pass. So at layer level:
+A node's value is one block that lives until its last consumer has run, so layers are split where
+one block would hold bytes TF has already freed (measured against TF's allocation log):
 
-* the parameter gradients are accounted as resident for the whole step, in ``fixed_mem``. This is
-  conservative: a gradient is counted before it is produced, an over-count of at most the trainable
-  parameters' size early in the step and of nothing at the end, where all of them are live anyway;
-* a backward node's ``mem`` (and workspace) excludes the parameter gradients: it is only what the
-  node passes to other nodes. A node whose only live outputs are parameter gradients (the first
-  layer's, whose gradient w.r.t. the batch is dead) has ``mem == 0``; it still runs its ops, once, in
-  the schedule's frontier stage;
-* ``output`` is set only on the node producing the loss, the one step output that is not a parameter
-  gradient. Its value (the loss and the tensors the loss gradient reads, ``batch x classes``) is kept
-  to the end, a small over-count.
+* **parameter gradients** (``<layer>_grad:params``): step outputs, resident from the moment they are
+  computed (DESIGN §3's ``output`` flag), computed once (not recomputable). The node holds the ops
+  producing the layer's gradients plus the ops of the layer's backward that feed only them. The
+  backward ops the gradients need run before it (``<layer>_grad``: e.g. the ReluGrad whose output
+  both the weight gradient and the input gradient read), the others after it (``<layer>_grad:2``,
+  e.g. the gradient w.r.t. the layer's input, which is passed on and dies once consumed). A backward
+  op that both depends on a gradient and feeds one (BatchNorm's gradient w.r.t. beta feeds gamma's
+  through a per-channel ``Neg``) joins ``:params``. A layer whose backward only feeds its gradients
+  (the first layer: the gradient w.r.t. the batch is dead) is a single ``:params`` node.
+* **what the backward reads** (``<layer>:saved``): BatchNorm's gradient reads the batch statistics
+  (bytes per channel), not the layer's output. When the ops whose outputs backward nodes read (and
+  their ancestors in the layer) pass on fewer bytes than the whole layer, they form ``:saved`` and the
+  rest keeps the layer's name; recomputing the layer for the backward pass then recomputes only them.
 
-``node_ops`` and ``grad_tensors`` are the same at both accountings: the gradient ops stay in their
-layer's backward node and run whenever it is computed.
+Both splits only regroup ops (``node_ops`` covers the same ops; every op runs once per computation of
+its node). What DESIGN §3 cannot express is not modelled: TF writes an elementwise output into a
+dying input's buffer (ReLU, BiasAdd, ReluGrad), and an input a node reads first dies before the node
+ends (a layer's output, read only by its ReluGrad); both make TF use less than the plan.
 
 ``fixed_mem`` is the bytes of every variable the step captures plus the batch (features and labels):
-always resident, never rematerializable; at layer level, plus the parameter gradients. The two parts
-are reported in ``metadata["parameter_and_batch_bytes"]`` and ``metadata["grad_bytes"]`` (the latter
-at both levels; ``metadata["grad_bytes_in_fixed_mem"]`` says whether ``fixed_mem`` includes it).
+always resident, never rematerializable, at both levels; plus any gradient that static ops compute (a
+constant zero gradient of a variable the loss does not use), which no node holds. The first part is
+``metadata["parameter_and_batch_bytes"]``; ``metadata["grad_bytes"]`` is the bytes of all parameter
+gradients (the values of the output nodes that compute them).
 
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
 non-recomputable node, with a warning (its internal memory is not modelled). Tensors that cannot be
@@ -421,6 +421,13 @@ class _Group:
     backward: bool
     recomputable: bool
     layer: str | None = None
+    # Position among the groups when dependencies leave a choice (default: (first op, 0)). The parts
+    # of a split backward layer share their layer's first op, so that they run in the intended order.
+    order: tuple[int, int] | None = None
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return self.order if self.order is not None else (min(self.ops), 0)
 
 
 def _op_groups(infos: Sequence[OpInfo]) -> list[_Group]:
@@ -618,7 +625,123 @@ def _layer_groups(traced: TracedStep, infos: Sequence[OpInfo]) -> list[_Group]:
             # A part is recomputable only if every op in it is (absorbed feeders inherit the part's flag).
             rec = rec and all(infos[i].recomputable for i in part_ops)
             groups.append(_Group(label, part_ops, backward, rec, layer=name))
-    return _merge_cycles(groups, infos)
+    groups = _split_saved_for_backward(groups, infos, traced)
+    return _merge_cycles(_split_parameter_gradients(groups, infos, traced.grad_tensors), infos)
+
+
+def _split_saved_for_backward(groups: list[_Group], infos: Sequence[OpInfo], traced: TracedStep) -> list[_Group]:
+    """Split off the part of a forward layer that the backward pass reads (``<name>:saved``) when
+    it is smaller than the layer's value.
+
+    A node's value lives until its last consumer has run, as one block. BatchNorm's backward reads
+    only the batch statistics (a few bytes per channel), Dropout's only the mask, yet as one node the
+    layer's whole output would stay resident until its gradient runs, and recomputing the layer for
+    the backward pass would produce the output too. ``:saved`` holds the ops whose outputs the
+    backward reads and their ancestors inside the layer; the rest (``<name>``) produces what the
+    forward consumers read. The split is made only when the bytes ``:saved`` passes on (to the
+    backward and to the rest of the layer) are fewer than the layer's own value.
+    """
+    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+    dead_ops = frozenset(info.op.name for info in infos if info.dead)
+    backward_ops = {info.op.name for info in infos if info.backward and not info.static}
+    result: list[_Group] = []
+    for g in groups:
+        if g.backward or not g.recomputable or len(g.ops) < 2:
+            result.append(g)
+            continue
+        member = {infos[i].op.name: i for i in g.ops}
+        saved = {i for i in g.ops
+                 if any(c.name in backward_ops for t in infos[i].op.outputs for c in t.consumers())}
+        if not saved:
+            result.append(g)
+            continue
+        for i in reversed(g.ops):  # creation order is topological: ancestors come earlier
+            if i in saved:
+                op = infos[i].op
+                for src in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]:
+                    if src in member:
+                        saved.add(member[src])
+        rest = [i for i in g.ops if i not in saved]
+        part = sorted(saved)
+        if not rest or (_node_mem(part, infos, "layer", output_tensors, dead_ops)[0]
+                        >= _node_mem(g.ops, infos, "layer", output_tensors, dead_ops)[0]):
+            result.append(g)
+            continue
+        first = g.sort_key[0]
+        result.append(_Group(f"{g.name}:saved", part, False, True, layer=g.layer, order=(first, 0)))
+        result.append(_Group(g.name, rest, False, True, layer=g.layer, order=(first, 1)))
+    return result
+
+
+def _split_parameter_gradients(groups: list[_Group], infos: Sequence[OpInfo],
+                               grad_tensors: Sequence[str]) -> list[_Group]:
+    """Give the parameter gradients of each backward group a node of their own (``<name>:params``).
+
+    The gradients are step outputs, resident from the moment they are computed (DESIGN §3), while
+    the rest of a backward layer (the gradient it passes on) dies once consumed. ``:params`` holds
+    the ops producing gradients plus the ops of the group that feed only them. The other ops are
+    split by whether ``:params`` needs them: those it needs run before it (``<name>``), the others
+    after it (``<name>:2``). In this order the tensors crossing between the parts (the gradient of
+    the layer's pre-activation, read by both the weight gradient and the input gradient) die where
+    they die in the unsplit layer, instead of riding along in a node's value until its last user.
+    A group whose ops all feed only gradients becomes a single ``:params`` node.
+    """
+    grad_ops = {t.rsplit(":", 1)[0] for t in grad_tensors}
+    index_of = {info.op.name: info.index for info in infos}
+    users: dict[int, set[int]] = {}
+    for info in infos:
+        if info.static or info.dead:
+            continue
+        for src in [t.op.name for t in info.op.inputs] + [c.name for c in info.op.control_inputs]:
+            j = index_of[src]
+            if not infos[j].static:
+                users.setdefault(j, set()).add(info.index)
+    result: list[_Group] = []
+    for g in groups:
+        params = {i for i in g.ops if infos[i].op.name in grad_ops}
+        if not g.backward or not params:
+            result.append(g)
+            continue
+        for i in reversed(g.ops):  # creation order is topological: users come later
+            if i not in params and users.get(i) and users[i] <= params:
+                params.add(i)
+        # Ops anywhere in the graph that the gradients depend on (paths may leave the group), and
+        # ops that depend on a gradient op. An op of the group that is both (BatchNorm's gradient
+        # w.r.t. beta feeds the one w.r.t. gamma through a small Neg) joins :params: outside it, it
+        # would make the parts depend on each other in a cycle.
+        needed = _reachable(params, infos, index_of, users, upward=True)
+        fed = _reachable(params, infos, index_of, users, upward=False)
+        params |= {i for i in g.ops if i in needed and i in fed}
+        rest = [i for i in g.ops if i not in params]
+        before = [i for i in rest if i in needed]
+        after = [i for i in rest if i not in needed]
+        first = g.sort_key[0]
+        named = [p for p in (before, after) if p]
+        for k, part in enumerate(named):
+            result.append(_Group(g.name if k == 0 else f"{g.name}:{k + 1}", part, True, g.recomputable,
+                                 layer=g.layer, order=(first, 0 if part is before else 2)))
+        result.append(_Group(f"{g.name}:params", sorted(params), True, False, layer=g.layer, order=(first, 1)))
+    return result
+
+
+def _reachable(start: set[int], infos: Sequence[OpInfo], index_of: Mapping[str, int],
+               users: Mapping[int, set[int]], *, upward: bool) -> set[int]:
+    """Non-static ops from which an op of ``start`` is reachable (``upward``: its ancestors) or
+    which are reachable from one (its descendants), through data and control edges."""
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        i = stack.pop()
+        if upward:
+            op = infos[i].op
+            nxt = [index_of[n] for n in [t.op.name for t in op.inputs] + [c.name for c in op.control_inputs]]
+        else:
+            nxt = list(users.get(i, ()))
+        for j in nxt:
+            if j not in seen and not infos[j].static:
+                seen.add(j)
+                stack.append(j)
+    return seen
 
 
 def _group_dependencies(groups: list[_Group], infos: Sequence[OpInfo]) -> nx.DiGraph:
@@ -658,14 +781,11 @@ def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]
 
 # ------------------------------------------------------------------------------------------ graph
 def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_tensors: set[str],
-              resident_tensors: frozenset[str] = frozenset(), dead_ops: frozenset[str] = frozenset()
-              ) -> tuple[int, int]:
+              dead_ops: frozenset[str] = frozenset()) -> tuple[int, int]:
     """(mem, workspace) of a node: see the module docstring for the op- and layer-level rules.
 
-    ``output_tensors`` are function outputs the node's value must include; ``resident_tensors`` are
-    function outputs accounted in ``fixed_mem`` (layer level: the parameter gradients), which count
-    neither in the node's value nor in its workspace, whoever consumes them. Consumers in
-    ``dead_ops`` never run (TF prunes them), so they do not make a tensor leave the node.
+    ``output_tensors`` are function outputs the node's value must include. Consumers in ``dead_ops``
+    never run (TF prunes them), so they do not make a tensor leave the node.
     """
     if level == "op":
         return sum(infos[i].bytes for i in group_ops), 0
@@ -676,8 +796,6 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     keep: set[str] = set()
     for i in group_ops:
         for k, t in enumerate(infos[i].op.outputs):
-            if t.name in resident_tensors:
-                continue
             users = [c.name for c in t.consumers() if c.name not in dead_ops]
             if t.name in output_tensors or any(u not in members for u in users):
                 external += infos[i].out_bytes[k]
@@ -689,8 +807,7 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     peak = 0
     for p, i in enumerate(group_ops):
         for k, t in enumerate(infos[i].op.outputs):
-            if t.name not in resident_tensors:
-                live[t.name] = infos[i].out_bytes[k]
+            live[t.name] = infos[i].out_bytes[k]
         peak = max(peak, sum(live.values()))
         for name in [n for n in live if n not in keep and last_use[n] <= p]:
             del live[name]
@@ -700,26 +817,20 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
 def _build(traced: TracedStep, infos: Sequence[OpInfo], groups: list[_Group], level: str,
            name: str, fixed: int) -> tuple[Graph, tuple[tuple[str, ...], ...], dict[str, int], tuple[int, ...]]:
     dg = _group_dependencies(groups, infos)
-    first = [min(g.ops) for g in groups]
+    first = [g.sort_key for g in groups]
     order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
     new_id = {old: new for new, old in enumerate(order)}
 
-    if level == "op":
-        # Each gradient op is its own node: its value is the gradient, an output of the step.
-        output_tensors = {traced.loss_tensor, *traced.grad_tensors}
-        resident: frozenset[str] = frozenset()
-    else:
-        # The parameter gradients are in fixed_mem (see _gradient_bytes): a layer's backward node is
-        # an output only through the loss, and its value is what it passes to other nodes.
-        output_tensors = {traced.loss_tensor}
-        resident = frozenset(traced.grad_tensors)
+    # The loss and the parameter gradients are step outputs: resident from their computation on. At
+    # layer level the gradients have nodes of their own (see _split_parameter_gradients).
+    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
     output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
     dead_ops = frozenset(info.op.name for info in infos if info.dead)
     nodes, node_ops, workspace = [], [], []
     used_names: dict[str, int] = {}
     for new, old in enumerate(order):
         g = groups[old]
-        mem, ws = _node_mem(g.ops, infos, level, output_tensors, resident, dead_ops)
+        mem, ws = _node_mem(g.ops, infos, level, output_tensors, dead_ops)
         label = g.name
         if label in used_names:
             used_names[label] += 1
@@ -749,10 +860,14 @@ def _fixed_bytes(model: Any, traced: TracedStep) -> int:
     return int(total)
 
 
-def _gradient_bytes(traced: TracedStep) -> int:
-    """Bytes of the step's parameter gradients (each distinct gradient tensor once)."""
+def _gradient_bytes(traced: TracedStep, infos: Sequence[OpInfo], *, static_only: bool = False) -> int:
+    """Bytes of the step's parameter gradients (each distinct gradient tensor once); with
+    ``static_only``, of those computed by static ops (a variable the loss does not use gets a constant
+    zero gradient), which no node holds."""
     graph = traced.function.graph
-    return int(sum(_tensor_bytes(graph.get_tensor_by_name(t)) or 0 for t in dict.fromkeys(traced.grad_tensors)))
+    static = {info.op.name for info in infos if info.static}
+    tensors = [graph.get_tensor_by_name(t) for t in dict.fromkeys(traced.grad_tensors)]
+    return int(sum(_tensor_bytes(t) or 0 for t in tensors if not static_only or t.op.name in static))
 
 
 def _with_costs(graph: Graph, costs: Sequence[float]) -> Graph:
@@ -795,8 +910,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise UnsupportedOpError("the training step has no op that depends on the batch")
     label = name or f"{getattr(model, 'name', 'model')}-{level}"
     param_batch = _fixed_bytes(model, traced)
-    grad_bytes = _gradient_bytes(traced)
-    fixed = param_batch + grad_bytes if level == "layer" else param_batch
+    grad_bytes = _gradient_bytes(traced, infos)
+    fixed = param_batch + _gradient_bytes(traced, infos, static_only=True)
     graph, node_ops, op_node, workspace = _build(traced, infos, groups, level, label, fixed)
 
     from checkmate.tf2 import profiling
@@ -824,9 +939,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         "static_ops": tuple(info.op.name for info in infos if info.static and not info.dead),
         "dead_ops": tuple(info.op.name for info in infos if info.dead),
         "parameter_and_batch_bytes": param_batch,
-        # bytes of the parameter gradients; part of fixed_mem at layer level, of the gradient nodes at op level
+        # bytes of the parameter gradients: the values of the output nodes that compute them
         "grad_bytes": grad_bytes,
-        "grad_bytes_in_fixed_mem": level == "layer",
         **profile_info,
     }
     return LoweredGraph(

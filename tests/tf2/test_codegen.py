@@ -91,7 +91,7 @@ def unet_model(batch=4, size=64, base=16, depth=2, convs=3, seed=0):
 
 MODELS = {"mlp": mlp_model, "residual_cnn": residual_cnn_model, "unet": unet_model}
 # A budget-aware strategy that fits 50% of the checkpoint-all peak of each model quickly.
-STRATEGY = {"mlp": "checkmate_milp", "residual_cnn": "chen_greedy", "unet": "checkmate_lp_rounding"}
+STRATEGY = {"mlp": "checkmate_milp", "residual_cnn": "checkmate_lp_rounding", "unet": "checkmate_lp_rounding"}
 SOLVE_OPTIONS = {"time_limit_s": 10}
 
 
