@@ -9,26 +9,31 @@ before the call, and excluding the previous call's outputs.
 
 TF 2.21 keeps these statistics for CPU (oneDNN/BFC allocators) and GPU (BFC) through the public
 ``tf.config.experimental.get_memory_info`` / ``reset_memory_stats`` (DESIGN §6). TF's default CPU
-allocator counts only allocations of 256 KiB and more and rounds some sizes up (1.5 MiB is counted as
-2 MiB); set ``TF_CPU_ALLOCATOR_USE_BFC=true`` before importing TensorFlow for byte-exact figures.
+allocator counts only allocations of 256 KiB and more (smaller ones go to malloc, uncounted); both it
+and ``TF_CPU_ALLOCATOR_USE_BFC=true`` count whole BFC chunks, not the bytes requested (below).
 
 Measured versus predicted (the simulator's peak minus the resident parameters and batch). The
 generated step frees a value when its last consumer in the plan has run, as the memory model does,
-but TF differs from the model in three ways:
+but TF differs from the model in these ways:
 
 * it frees earlier, never later: a value the plan holds to the end of a stage without using it dies
-  at its last use;
+  at its last use, and an input a layer node reads first (a ReLU output read only by its ReluGrad)
+  dies before the node ends;
 * elementwise kernels (Relu, BiasAdd, Add, Mul, ReluGrad, ...) write into their input's buffer when
   that input dies with them, so an op's output often costs nothing: measured below predicted;
 * kernels allocate temporaries the graph does not show (convolution workspaces, oneDNN reorders), and
-  at layer level a node's internal tensors are transient and not in ``mem``: measured above predicted.
+  at layer level a node's internal tensors are transient and not in ``mem``: measured above predicted;
+* the BFC allocator hands a request the whole of a free chunk smaller than twice its size, so the
+  bytes it counts exceed the tensors' bytes by an amount that depends on the allocation history (a
+  measured peak is stable within a process, but can differ between processes): measured above
+  predicted. TF's own allocation log (``TF_CPP_VMODULE=log_memory=2``) gives the tensors' bytes.
 
-On this project's CPU runs, measured/predicted was 0.89-1.00 for the schedules at 50% of the
-checkpoint-all peak of the test models (MLP, residual CNN with BatchNorm, U-Net-like). On the zoo
-models of experiments/execution.py (layer level, every strategy and budget) it was 0.75-0.80 (mlp),
-0.72-0.92 (residual_cnn, whose Keras BatchNorm backward is a chain of elementwise ops that TF runs in
-place) and 0.78-0.90 (unet); measured never exceeded predicted there
-(experiments/results/execution_cpu.csv has every figure).
+On this project's CPU runs, for the schedules at 50% of the checkpoint-all peak of the test models
+(tests/tf2/test_compile.py, plain step measured first in the same process), measured/predicted was
+1.00 on the residual CNN with BatchNorm and 1.04-1.06 on the U-Net-like model. On the MLP the
+allocation log shows 7.02 MiB of live tensors at the peak for 7.06 MiB predicted, while the allocator
+counts 8.25-8.5 MiB (1 MiB activations in 1.5 MiB chunks between the 256 KiB weight gradients):
+1.17-1.20.
 """
 
 from __future__ import annotations

@@ -38,12 +38,12 @@ def twin(name, **kwargs):
 def test_compiled_step_api():
     model, loss, xs, ys = mlp_model(batch=256, width=256, depth=8)
     optimizer = keras.optimizers.SGD(0.01)
-    step = checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="80%", strategy="griewank_logn")
+    step = checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="95%", strategy="griewank_logn")
     assert isinstance(step, checkmate.tf2.CompiledStep)
     assert step.graph is step.lowered.graph
     sim = simulate(step.graph, step.schedule)
     assert step.predicted.peak_memory_bytes == sim.peak_memory_bytes <= step.predicted.budget_bytes
-    assert step.predicted.budget_bytes == int(checkpoint_all_peak(step.graph) * 0.8)
+    assert step.predicted.budget_bytes == int(checkpoint_all_peak(step.graph) * 0.95)
     assert step.predicted.overhead == pytest.approx(sim.compute_cost / step.graph.total_cost)
     assert step.predicted.overhead >= 1.0
     text = step.summary()
@@ -101,13 +101,19 @@ def test_optimizer_step_equals_plain_optimizer_step():
 # the MLP stops at its time limit with an incumbent that varies with machine load, while LP rounding
 # (seeded) gives the same schedule every time. The MILP's schedules are executed in the other tests.
 PEAK_STRATEGY = {**STRATEGY, "mlp": "checkmate_lp_rounding"}
+# measured / predicted may exceed 1 by the allocator's chunk rounding, which the memory model (bytes of
+# live tensors) does not know: TF's CPU allocator (BFC) hands a request the whole of a free chunk
+# smaller than twice its size. On the MLP, whose 256 KiB weight gradients stay allocated between its
+# 1 MiB activations, the peak holds three 1 MiB tensors in 1.5 MiB chunks and a 256 KiB gradient in a
+# 512 KiB one: 8.5 MiB measured for 7.02 MiB of tensors (7.06 MiB predicted), ratio 1.20.
+ALLOCATOR_ROUNDING = {"mlp": 0.10}
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_measured_peak_follows_the_plan(name, request):
     """At 50% of the checkpoint-all peak, the measured step peak is at most 60% of the plain step's and
-    at most 15% above the simulator's prediction (both without the resident parameters and batch,
-    which measure_peak_memory excludes)."""
+    within 15% of the simulator's prediction (both without the resident parameters and batch, which
+    measure_peak_memory excludes), plus the allocator's rounding on the MLP."""
     if ran_in_fresh_process(request):
         return
     model, loss, xs, ys = MODELS[name]()
@@ -121,11 +127,13 @@ def test_measured_peak_follows_the_plan(name, request):
     assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
     assert plain > 0
     assert measured <= 0.60 * plain, f"measured {measured} vs plain {plain}"
-    # Never more than 15% above the plan. Below it, TF reuses an input's buffer for an elementwise
-    # output when the input dies there (ReLU, BatchNorm backward), which the memory model does not
-    # know: measured / predicted runs 0.72-1.00 on these models, varying with the executor's order.
-    assert measured <= 1.15 * predicted, f"measured {measured} vs predicted {predicted}"
-    assert measured >= 0.70 * predicted, f"measured {measured} vs predicted {predicted}"
+    # Below the plan, TF writes an elementwise output into a dying input's buffer (ReLU, BatchNorm
+    # backward), which the memory model does not know; the layer-level graph keeps the parameter
+    # gradients in output nodes that appear when computed, and the part of a layer the backward reads
+    # in a node of its own, so that the plan holds what TF holds.
+    ratio = measured / predicted
+    assert 0.85 <= ratio <= 1.15 + ALLOCATOR_ROUNDING.get(name, 0.0), \
+        f"measured {measured} vs predicted {predicted}: {ratio:.3f}"
 
 
 # ------------------------------------------------------------------------------------------ fit
