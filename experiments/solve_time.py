@@ -1,9 +1,10 @@
 """Solve time, cost, overhead and gap of the optimal and approximate strategies, per solver backend.
 
-Graphs: layer-level training graphs shaped like the paper's models (VGG16, U-Net, FCN8, SegNet,
-MobileNet, ResNet50; activation sizes and FLOP-proportional costs of a 224x224 (U-Net, SegNet: 256x256)
-input), synthetic chains and random DAGs of 50-1000 nodes, and any graph files given with --graph
-(e.g. graphs extracted from real Keras models by ``checkmate extract``).
+Graphs: layer-level training graphs of the zoo's real Keras models (``results/graphs/keras/*.json``,
+written by ``extract_graphs.py``: keras-vgg16, keras-unet, ...), synthetic graphs shaped like the
+paper's models at the paper's sizes (VGG16, U-Net, FCN8, SegNet, MobileNet, ResNet50: 48-354 nodes;
+activation sizes and FLOP-proportional costs of a 224x224 (U-Net, SegNet: 256x256) input),
+synthetic chains and random DAGs of 50-1000 nodes, and any graph files given with --graph.
 
 Budgets: fractions of the checkpoint-all peak, and multiples of the minimum feasible budget (found
 with :func:`checkmate.solvers.milp.minimum_feasible_budget`; cached in the results folder).
@@ -255,6 +256,9 @@ def synthetic_graphs(quick: bool) -> dict:
 # 45-80-node models; 90%/80% for MobileNet; 80% for ResNet50), tighter ones for the synthetic graphs.
 FULL_BUDGETS = {"vgg16": "0.9,0.8,1.1min", "unet": "0.9,0.8,1.1min", "fcn8": "0.9,0.8,1.1min",
                 "segnet": "0.9,0.8,1.1min", "mobilenet": "0.9,0.8", "resnet50": "0.8"}
+FULL_BUDGETS.update({f"keras-{k}": v for k, v in FULL_BUDGETS.items()})
+KERAS_GRAPHS = RESULTS / "graphs" / "keras"
+QUICK_KERAS = ["keras-unet"]
 SYNTHETIC_BUDGETS = "0.8,0.4"
 # Strategies compared besides checkmate_milp on HiGHS, on graphs up to this many nodes, each with at
 # most COMPARE_TIME_LIMIT_S seconds (the full table would otherwise take most of a day on 2 cores).
@@ -360,6 +364,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few graphs and budgets (minutes)")
     ap.add_argument("--graph", action="append", default=[], help="graph file(s) to add (JSON)")
+    ap.add_argument("--no-keras", action="store_true", help="leave out results/graphs/keras/*.json")
     ap.add_argument("--only", default=None, help="comma-separated graph names to run")
     ap.add_argument("--budgets", default=None, help="e.g. 0.9,0.8,1.1min (fractions of checkpoint-all, multiples of min)")
     ap.add_argument("--strategies", default=None, help="comma-separated strategy[:solver] entries")
@@ -375,6 +380,11 @@ def main(argv=None) -> int:
     model_names = ["vgg16", "unet"] if quick else list(MODEL_GRAPHS)
     for name in model_names:
         graphs[name] = MODEL_GRAPHS[name]()
+    if not args.no_keras:
+        for path in sorted(KERAS_GRAPHS.glob("*.json")):
+            g = load_graph(path)
+            if not quick or g.name in QUICK_KERAS:
+                graphs[g.name] = g
     for name, make in synthetic_graphs(quick).items():
         graphs[name] = make()
     for path in args.graph:
