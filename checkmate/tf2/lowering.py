@@ -32,7 +32,8 @@ op without outputs (``AssignVariableOp``: ``mem = 0``, never recomputable), so t
 once, in order. A multi-output op is one node whose ``mem`` is the sum of the bytes of *all* its
 outputs (each output is allocated when the op runs, whether or not it is used later).
 ``mem`` is the static size of the outputs, ``num_elements * dtype.size``. The nodes producing the
-loss and the parameter gradients are the step's outputs.
+loss and the parameter gradients are the step's outputs. ``gradient_nodes`` has no effect at op level:
+its accounting is already exact.
 
 **Layer level** (``level="layer"``, the paper's granularity): the ops of each top-level Keras layer
 call form one forward node, and the gradient ops of that layer one backward node (the loss function
@@ -43,13 +44,38 @@ their producers. A layer whose forward ops mix recomputable and non-recomputable
 moving-average update, Dropout's seed variable) is split into a recomputable node and a
 ``<layer>:state`` node holding the non-recomputable ops (plus the stateless ops that only feed them),
 so that the layer's activations stay recomputable. A layer node's ``mem`` is the bytes of the
-tensors it produces that are used outside it (by other nodes, or as step outputs); tensors consumed
-only inside the node, or otherwise only by dead ops, are transient. Their extra peak while the node
-runs is reported per node in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's
-peak footprint on top of ``fixed_mem``).
+tensors it produces that are used outside it (by other nodes, or as step outputs; in the compact
+accounting parameter gradients excepted, see below); tensors consumed only inside the node, or
+otherwise only by dead ops, are transient. Their extra peak while the node runs is reported per node
+in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's peak footprint on top of
+``fixed_mem``).
 
-A node's value is one block that lives until its last consumer has run, so layers are split where
-one block would hold bytes TF has already freed (measured against TF's allocation log):
+Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
+computation to the end of the step (DESIGN §3), and a node's value is all of its ``mem``. At op level
+this is exact: each gradient op is a node whose value is the gradient, and the nodes producing the loss
+and the gradients are the outputs. At layer level a backward node mixes the parameter gradients
+(``Conv2DBackpropFilter``, ``BiasAddGrad``: step outputs, small) with the activation gradient it
+passes to the previous layer's backward node (``Conv2DBackpropInput``: large, dead once consumed).
+Flagging such a node ``output`` would keep every activation gradient to the end of the step and make
+every schedule peak at the end of the backward pass. The layer level offers two accountings.
+
+*Compact* (``gradient_nodes=False``, the default; the paper's graph, one forward and one backward
+node per layer):
+
+* the parameter gradients are accounted as resident for the whole step, in ``fixed_mem``. This is
+  conservative: a gradient is counted before it is produced, an over-count of at most the trainable
+  parameters' size early in the step and of nothing at the end, where all of them are live anyway;
+* a backward node's ``mem`` (and workspace) excludes the parameter gradients: it is only what the
+  node passes to other nodes. A node whose only live outputs are parameter gradients (the first
+  layer's, whose gradient w.r.t. the batch is dead) has ``mem == 0``; it still runs its ops, once, in
+  the schedule's frontier stage;
+* ``output`` is set only on the node producing the loss, the one step output that is not a parameter
+  gradient. Its value (the loss and the tensors the loss gradient reads, ``batch x classes``) is kept
+  to the end, a small over-count.
+
+*Gradient nodes* (``gradient_nodes=True``): a node's value is one block that lives until its last
+consumer has run, so layers are split where one block would hold bytes TF has already freed
+(measured against TF's allocation log):
 
 * **parameter gradients** (``<layer>_grad:params``): step outputs, resident from the moment they are
   computed (DESIGN §3's ``output`` flag), computed once (not recomputable). The node holds the ops
@@ -65,16 +91,29 @@ one block would hold bytes TF has already freed (measured against TF's allocatio
   their ancestors in the layer) pass on fewer bytes than the whole layer, they form ``:saved`` and the
   rest keeps the layer's name; recomputing the layer for the backward pass then recomputes only them.
 
-Both splits only regroup ops (``node_ops`` covers the same ops; every op runs once per computation of
-its node). What DESIGN §3 cannot express is not modelled: TF writes an elementwise output into a
-dying input's buffer (ReLU, BiasAdd, ReluGrad), and an input a node reads first dies before the node
-ends (a layer's output, read only by its ReluGrad); both make TF use less than the plan.
+Both splits only regroup ops (``node_ops`` covers the same ops in both accountings; every op runs
+once per computation of its node). What DESIGN §3 cannot express is not modelled: TF writes an
+elementwise output into a dying input's buffer (ReLU, BiasAdd, ReluGrad), and an input a node reads
+first dies before the node ends (a layer's output, read only by its ReluGrad); both make TF use less
+than the plan.
+
+The trade-off: the compact graph is what the paper solves and what the MILP handles on large
+networks (VGG16 46 nodes, MobileNet ~210, ResNet50 ~390); it over-counts the gradients early in the
+step and holds a layer's whole output where the backward reads only part of it, so a schedule's
+measured peak can be below its prediction (by up to ~30% on the CNNs of experiments/execution.py). Gradient nodes make the predicted step peak follow
+the measured one (within ~15% on the test models), at ~1.65x the nodes; the MILP's time grows much
+faster than that (MobileNet's LP relaxation: 6 s compact, 170 s with gradient nodes).
+:func:`checkmate.tf2.compile` picks gradient nodes by default when the compact graph is small
+(``gradient_nodes="auto"``: at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes).
 
 ``fixed_mem`` is the bytes of every variable the step captures plus the batch (features and labels):
-always resident, never rematerializable, at both levels; plus any gradient that static ops compute (a
-constant zero gradient of a variable the loss does not use), which no node holds. The first part is
+always resident, never rematerializable; plus, in the compact layer-level accounting, the parameter
+gradients, and otherwise any gradient that static ops compute (a constant zero gradient of a variable
+the loss does not use), which no node holds. The first part is
 ``metadata["parameter_and_batch_bytes"]``; ``metadata["grad_bytes"]`` is the bytes of all parameter
-gradients (the values of the output nodes that compute them).
+gradients (at both levels and in both accountings); ``metadata["grad_bytes_in_fixed_mem"]`` says
+whether ``fixed_mem`` includes them (compact layer level only) and ``metadata["gradient_nodes"]``
+whether the graph has gradient nodes (always at op level).
 
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
 non-recomputable node, with a warning (its internal memory is not modelled). Tensors that cannot be
@@ -97,10 +136,14 @@ from checkmate.graph import Graph, Node, save_graph
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 
-__all__ = ["lower", "trace_step", "LEVELS", "cli_extract"]
+__all__ = ["lower", "trace_step", "LEVELS", "AUTO_GRADIENT_NODES_MAX_NODES", "cli_extract"]
 
 LEVELS = ("op", "layer")
 COST_MODELS = ("flops", "profile")
+# gradient_nodes="auto" splits the parameter gradients into nodes of their own when the compact layer
+# graph has at most this many nodes: with the ~1.65x nodes of the split, the MILP still solves such a
+# graph in seconds (VGG16: 46 -> 75 nodes), while MobileNet (208 -> 343) takes minutes.
+AUTO_GRADIENT_NODES_MAX_NODES = 120
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
 _UNATTRIBUTED = "model"
@@ -606,6 +649,7 @@ def _outside_users(ops: list[int], infos: Sequence[OpInfo]) -> dict[int, bool]:
 
 
 def _layer_groups(traced: TracedStep, infos: Sequence[OpInfo]) -> list[_Group]:
+    """One forward and one backward group per layer call (plus ``:state`` parts): the compact graph."""
     layer = _layer_of_ops(traced, infos)
     buckets: dict[tuple[str, bool], list[int]] = {}
     for info in infos:
@@ -625,8 +669,13 @@ def _layer_groups(traced: TracedStep, infos: Sequence[OpInfo]) -> list[_Group]:
             # A part is recomputable only if every op in it is (absorbed feeders inherit the part's flag).
             rec = rec and all(infos[i].recomputable for i in part_ops)
             groups.append(_Group(label, part_ops, backward, rec, layer=name))
+    return groups
+
+
+def _gradient_node_groups(groups: list[_Group], infos: Sequence[OpInfo], traced: TracedStep) -> list[_Group]:
+    """The compact layer groups with the gradient-node splits (``:saved``, ``:params``)."""
     groups = _split_saved_for_backward(groups, infos, traced)
-    return _merge_cycles(_split_parameter_gradients(groups, infos, traced.grad_tensors), infos)
+    return _split_parameter_gradients(groups, infos, traced.grad_tensors)
 
 
 def _split_saved_for_backward(groups: list[_Group], infos: Sequence[OpInfo], traced: TracedStep) -> list[_Group]:
@@ -781,11 +830,14 @@ def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]
 
 # ------------------------------------------------------------------------------------------ graph
 def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_tensors: set[str],
-              dead_ops: frozenset[str] = frozenset()) -> tuple[int, int]:
+              dead_ops: frozenset[str] = frozenset(), resident_tensors: frozenset[str] = frozenset()
+              ) -> tuple[int, int]:
     """(mem, workspace) of a node: see the module docstring for the op- and layer-level rules.
 
-    ``output_tensors`` are function outputs the node's value must include. Consumers in ``dead_ops``
-    never run (TF prunes them), so they do not make a tensor leave the node.
+    ``output_tensors`` are function outputs the node's value must include; ``resident_tensors`` are
+    function outputs accounted in ``fixed_mem`` (compact layer level: the parameter gradients), which
+    count neither in the node's value nor in its workspace, whoever consumes them. Consumers in
+    ``dead_ops`` never run (TF prunes them), so they do not make a tensor leave the node.
     """
     if level == "op":
         return sum(infos[i].bytes for i in group_ops), 0
@@ -796,6 +848,8 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     keep: set[str] = set()
     for i in group_ops:
         for k, t in enumerate(infos[i].op.outputs):
+            if t.name in resident_tensors:
+                continue
             users = [c.name for c in t.consumers() if c.name not in dead_ops]
             if t.name in output_tensors or any(u not in members for u in users):
                 external += infos[i].out_bytes[k]
@@ -807,7 +861,8 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     peak = 0
     for p, i in enumerate(group_ops):
         for k, t in enumerate(infos[i].op.outputs):
-            live[t.name] = infos[i].out_bytes[k]
+            if t.name not in resident_tensors:
+                live[t.name] = infos[i].out_bytes[k]
         peak = max(peak, sum(live.values()))
         for name in [n for n in live if n not in keep and last_use[n] <= p]:
             del live[name]
@@ -815,22 +870,30 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
 
 
 def _build(traced: TracedStep, infos: Sequence[OpInfo], groups: list[_Group], level: str,
-           name: str, fixed: int) -> tuple[Graph, tuple[tuple[str, ...], ...], dict[str, int], tuple[int, ...]]:
+           name: str, fixed: int, grads_resident: bool
+           ) -> tuple[Graph, tuple[tuple[str, ...], ...], dict[str, int], tuple[int, ...]]:
     dg = _group_dependencies(groups, infos)
     first = [g.sort_key for g in groups]
     order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
     new_id = {old: new for new, old in enumerate(order)}
 
-    # The loss and the parameter gradients are step outputs: resident from their computation on. At
-    # layer level the gradients have nodes of their own (see _split_parameter_gradients).
-    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+    if grads_resident:
+        # Compact layer level: the parameter gradients are in fixed_mem, so a layer's backward node is
+        # an output only through the loss, and its value is what it passes to other nodes.
+        output_tensors = {traced.loss_tensor}
+        resident = frozenset(traced.grad_tensors)
+    else:
+        # The loss and the parameter gradients are step outputs: resident from their computation on
+        # (op level: the gradient ops; layer level: the :params nodes, see _split_parameter_gradients).
+        output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+        resident = frozenset()
     output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
     dead_ops = frozenset(info.op.name for info in infos if info.dead)
     nodes, node_ops, workspace = [], [], []
     used_names: dict[str, int] = {}
     for new, old in enumerate(order):
         g = groups[old]
-        mem, ws = _node_mem(g.ops, infos, level, output_tensors, dead_ops)
+        mem, ws = _node_mem(g.ops, infos, level, output_tensors, dead_ops, resident)
         label = g.name
         if label in used_names:
             used_names[label] += 1
@@ -877,8 +940,8 @@ def _with_costs(graph: Graph, costs: Sequence[float]) -> Graph:
 
 
 def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
-          cost_model: str = "flops", name: str | None = None, profile_options: Mapping[str, Any] | None = None,
-          progress: bool = True) -> LoweredGraph:
+          gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
+          profile_options: Mapping[str, Any] | None = None, progress: bool = True) -> LoweredGraph:
     """Lower one training step of ``model`` to a :class:`LoweredGraph`.
 
     Parameters
@@ -891,6 +954,13 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         ``tf.TensorSpec`` (or nests of them) with fixed shapes, batch dimension included.
     level:
         ``"layer"`` (one forward and one backward node per Keras layer) or ``"op"``.
+    gradient_nodes:
+        Layer level only (op level is exact either way). ``False``: the compact graph, parameter
+        gradients in ``fixed_mem`` for the whole step. ``True``: parameter gradients in output nodes
+        of their own (``<layer>_grad:params``) and the part of a layer its backward reads in
+        ``<layer>:saved``: a closer memory prediction, ~1.65x the nodes. ``"auto"``: ``True`` when the
+        compact graph has at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes. See the module
+        docstring for the trade-off.
     cost_model:
         ``"flops"`` (deterministic analytic estimate) or ``"profile"`` (run time of each node on the
         current device, cached on disk; see :mod:`checkmate.tf2.profiling`).
@@ -901,18 +971,31 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
     if cost_model not in COST_MODELS:
         raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
+    if gradient_nodes not in (True, False, "auto"):
+        raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
     traced = trace_step(model, loss, input_spec, label_spec)
     infos = classify_ops(traced)
     warn: list[str] = []
     _warn_opaque(infos, warn)
-    groups = _op_groups(infos) if level == "op" else _layer_groups(traced, infos)
+    compact_nodes = None
+    if level == "op":
+        groups = _op_groups(infos)
+        split = True  # op level is exact: every gradient op is an output node of its own
+    else:
+        compact = _layer_groups(traced, infos)
+        groups = _merge_cycles(compact, infos)
+        compact_nodes = len(groups)
+        split = (compact_nodes <= AUTO_GRADIENT_NODES_MAX_NODES) if gradient_nodes == "auto" else bool(gradient_nodes)
+        if split:
+            groups = _merge_cycles(_gradient_node_groups(compact, infos, traced), infos)
     if not groups:
         raise UnsupportedOpError("the training step has no op that depends on the batch")
     label = name or f"{getattr(model, 'name', 'model')}-{level}"
     param_batch = _fixed_bytes(model, traced)
     grad_bytes = _gradient_bytes(traced, infos)
-    fixed = param_batch + _gradient_bytes(traced, infos, static_only=True)
-    graph, node_ops, op_node, workspace = _build(traced, infos, groups, level, label, fixed)
+    grads_resident = not split
+    fixed = param_batch + (grad_bytes if grads_resident else _gradient_bytes(traced, infos, static_only=True))
+    graph, node_ops, op_node, workspace = _build(traced, infos, groups, level, label, fixed, grads_resident)
 
     from checkmate.tf2 import profiling
 
@@ -939,8 +1022,14 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         "static_ops": tuple(info.op.name for info in infos if info.static and not info.dead),
         "dead_ops": tuple(info.op.name for info in infos if info.dead),
         "parameter_and_batch_bytes": param_batch,
-        # bytes of the parameter gradients: the values of the output nodes that compute them
+        # bytes of the parameter gradients: part of fixed_mem in the compact layer-level accounting,
+        # else the values of the output nodes that compute them
         "grad_bytes": grad_bytes,
+        "grad_bytes_in_fixed_mem": grads_resident,
+        # whether the parameter gradients are output nodes (layer level: the :params/:saved splits)
+        "gradient_nodes": split,
+        # node count of the compact layer graph (None at op level): what "auto" decided on
+        "compact_nodes": compact_nodes,
         **profile_info,
     }
     return LoweredGraph(
