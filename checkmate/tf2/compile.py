@@ -36,8 +36,8 @@ from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import available_device_memory, default_device, measure_step
 
-__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "RematModel", "resolve_budget",
-           "minimum_feasible_budget", "cli_compile", "compare_strategies", "max_gradient_difference",
+__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "accounting", "RematModel",
+           "resolve_budget", "minimum_feasible_budget", "cli_compile", "compare_strategies", "max_gradient_difference",
            "measure_step", "random_batch"]
 
 
@@ -67,8 +67,10 @@ class Prediction:
 def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:
     """Simulated peak minus the bytes resident before the step (parameters and batch).
 
-    The parameter gradients are produced by the step (output nodes at both levels), so they count
-    in this figure from the moment they are computed.
+    The parameter gradients are produced by the step, so they stay in this figure: with gradient
+    nodes (and at op level) from the moment their output nodes are computed; in the compact
+    layer-level accounting for the whole step, as part of ``fixed_mem`` (which then exceeds
+    ``metadata["parameter_and_batch_bytes"]`` by ``metadata["grad_bytes"]``).
     """
     peak = simulate(lowered.graph, schedule).peak_memory_bytes
     return int(peak - _resident_bytes(lowered))
@@ -76,6 +78,15 @@ def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:
 
 def _resident_bytes(lowered: LoweredGraph) -> int:
     return int(lowered.metadata.get("parameter_and_batch_bytes", lowered.graph.fixed_mem))
+
+
+def accounting(lowered: LoweredGraph) -> str:
+    """How the lowered graph accounts for the parameter gradients, in words (for reports)."""
+    if lowered.level == "op":
+        return "op level: gradients are output nodes"
+    if lowered.metadata.get("gradient_nodes"):
+        return "gradient nodes: parameter gradients resident from when computed"
+    return "compact: parameter gradients resident for the whole step"
 
 
 def resolve_budget(budget: Any, graph, model: Any = None, device: str | None = None) -> int:
@@ -236,6 +247,7 @@ class CompiledStep:
         lines = [
             f"checkmate step for {getattr(self.model, 'name', 'model')} ({self.lowered.level} level: "
             f"{g.n} nodes, {len(g.edges)} edges)",
+            f"  accounting      {accounting(self.lowered)}",
             f"  strategy        {r.strategy}" + (f" (solver {r.solver})" if r.solver else "")
             + (", optimal" if r.optimal else ""),
             f"  budget          {format_bytes(p.budget_bytes)}",
@@ -336,8 +348,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "checkmate_milp", solver: str | None = None, level: str = "layer",
-            time_limit_s: float | None = None, cost_model: str = "flops", device: str | None = None,
-            **solve_options: Any) -> CompiledStep:
+            gradient_nodes: bool | str = "auto", time_limit_s: float | None = None, cost_model: str = "flops",
+            device: str | None = None, **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
 
     Parameters
@@ -353,13 +365,21 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         Passed to :func:`checkmate.solve`.
     level:
         ``"layer"`` or ``"op"`` granularity of the graph.
+    gradient_nodes:
+        Layer level: ``"auto"`` (default) lowers the compact graph (one forward and one backward node
+        per layer, parameter gradients resident for the whole step) and, when it has at most
+        :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` nodes, the finer graph with
+        the parameter gradients in output nodes of their own instead: ~1.65x the nodes (a slower
+        MILP, still practical at that size), for a predicted peak that follows the measured one. ``True``/``False`` force one of them (see :mod:`checkmate.tf2.lowering`).
+        :meth:`CompiledStep.summary` says which one was used.
 
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
     before any step runs when nothing fits.
     """
     from checkmate.tf2.lowering import lower
 
-    lowered = lower(model, loss, input_spec, label_spec, level=level, cost_model=cost_model)
+    lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
+                    cost_model=cost_model)
     return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
                            time_limit_s=time_limit_s, device=device, **solve_options)
 
@@ -502,7 +522,9 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             solve_seconds=step.result.solve_seconds, optimal=step.result.optimal,
         )
         rows.append(row)
-    return {"graph": lowered.graph.name, "level": lowered.level, "nodes": lowered.graph.n, "device": device,
+    return {"graph": lowered.graph.name, "level": lowered.level, "nodes": lowered.graph.n,
+            "gradient_nodes": bool(lowered.metadata.get("gradient_nodes")), "accounting": accounting(lowered),
+            "device": device,
             "resident_bytes": resident, "plain": plain, "rows": rows}
 
 
@@ -528,7 +550,7 @@ def cli_compile(args: Any) -> int:
     with _stdout_to_stderr(args.json):
         built = zoo.build_model(args.model, args.batch_size, args.input_shape)
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
-                        cost_model="profile", progress=False)
+                        gradient_nodes="auto", cost_model="profile", progress=False)
         report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
                                     time_limit_s=args.time_limit, steps=args.steps)
     report["model"] = args.model
@@ -540,6 +562,7 @@ def cli_compile(args: Any) -> int:
     plain = report["plain"]
     print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
+    print(f"accounting: {report['accounting']}")
     print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
           f"{format_bytes(plain['predicted_peak_bytes'])}), {plain['step_seconds'] * 1e3:.1f} ms")
     if report["allocator_note"]:

@@ -28,8 +28,13 @@ but TF differs from the model in these ways:
   measured peak is stable within a process, but can differ between processes): measured above
   predicted. TF's own allocation log (``TF_CPP_VMODULE=log_memory=2``) gives the tensors' bytes.
 
-On this project's CPU runs, for the schedules at 50% of the checkpoint-all peak of the test models
-(tests/tf2/test_compile.py, plain step measured first in the same process), measured/predicted was
+These figures are for layer graphs with gradient nodes (``gradient_nodes=True``; what
+``checkmate.tf2.compile`` uses by default for graphs this small). In the compact accounting the
+parameter gradients count from the start of the step and a layer's whole output stays until its
+backward runs, so measured/predicted is lower (0.72-0.92 on the zoo models of
+experiments/execution.py, experiments/results/execution_cpu.csv). On this project's CPU runs, for
+the schedules at 50% of the checkpoint-all peak of the test models (tests/tf2/test_compile.py, plain
+step measured first in the same process), measured/predicted was
 1.00 on the residual CNN with BatchNorm and 1.04-1.06 on the U-Net-like model. On the MLP the
 allocation log shows 7.02 MiB of live tensors at the peak for 7.06 MiB predicted, while the allocator
 counts 8.25-8.5 MiB (1 MiB activations in 1.5 MiB chunks between the 256 KiB weight gradients):

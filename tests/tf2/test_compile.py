@@ -48,6 +48,9 @@ def test_compiled_step_api():
     assert step.predicted.overhead >= 1.0
     text = step.summary()
     assert "griewank_logn" in text and "overhead" in text and "predicted peak" in text
+    # "auto": the compact graph of this MLP is small, so the step uses the gradient-node graph
+    assert step.lowered.metadata["gradient_nodes"] and "gradient nodes" in text
+    assert step.predicted.resident_bytes == step.predicted.fixed_bytes == step.lowered.metadata["parameter_and_batch_bytes"]
 
     x, y = batch_for(xs, ys, 10)
     loss_value, grads = step.gradients(x, y)
@@ -60,6 +63,26 @@ def test_compiled_step_api():
     assert int(optimizer.iterations.numpy()) == 1
     for w0, v in zip(before, model.trainable_variables):
         assert not np.array_equal(w0, v.numpy())
+
+
+@pytest.mark.parametrize("gradient_nodes", [False, True])
+def test_predicted_step_peak_in_both_accountings(gradient_nodes):
+    """The predicted step peak is the simulated peak minus what is resident before the step (the
+    parameters and the batch); in the compact accounting it includes the gradients, which fixed_mem
+    holds for the whole step."""
+    model, loss, xs, ys = mlp_model(batch=64, width=64, depth=3)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget="100%",
+                                 strategy="checkpoint_all", gradient_nodes=gradient_nodes)
+    meta = step.lowered.metadata
+    assert meta["gradient_nodes"] == gradient_nodes and meta["grad_bytes_in_fixed_mem"] != gradient_nodes
+    p = step.predicted
+    assert p.resident_bytes == meta["parameter_and_batch_bytes"]
+    assert p.fixed_bytes - p.resident_bytes == (0 if gradient_nodes else meta["grad_bytes"])
+    assert p.step_peak_bytes == compile_module.predicted_step_peak(step.lowered, step.schedule)
+    assert p.step_peak_bytes == simulate(step.graph, step.schedule).peak_memory_bytes - p.resident_bytes
+    # every gradient is live at the end of the step, in either accounting
+    assert p.step_peak_bytes >= meta["grad_bytes"]
+    assert ("gradient nodes" if gradient_nodes else "compact") in step.summary()
 
 
 @pytest.mark.parametrize("budget", [10 * 2**30, "2GiB", "auto"])
@@ -119,6 +142,8 @@ def test_measured_peak_follows_the_plan(name, request):
     model, loss, xs, ys = MODELS[name]()
     step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="50%",
                                  strategy=PEAK_STRATEGY[name], **SOLVE_OPTIONS)
+    # the default gradient_nodes="auto" splits these small graphs: the accounting this test checks
+    assert step.lowered.metadata["gradient_nodes"]
     x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
     # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory)
     plain = measure_peak_memory(step.plain_gradients, x, y, repeats=2, reduce="min")
@@ -157,6 +182,12 @@ def test_fit_matches_plain_training(name):
     step = checkmate.tf2.compile(other, loss, optimizer, xs, ys, budget="50%", strategy=STRATEGY[name],
                                  **SOLVE_OPTIONS)
     assert step.schedule.recompute_count > 0
+    # these small models get gradient nodes ("auto"; test_codegen runs the compact graphs): one copy
+    # of a node's ops per computation in the schedule
+    assert step.lowered.metadata["gradient_nodes"]
+    computations = step.schedule.recompute.sum(axis=0)
+    scheduled = sum(int(computations[i]) * len(ops) for i, ops in enumerate(step.lowered.node_ops))
+    assert step.function.op_copies == step.function.expected_op_copies() == scheduled
     trainer = step.keras_model()
     history = trainer.fit(data_x, data_y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
 
@@ -228,6 +259,7 @@ def test_cli_compile_json(capsys):
         assert row["max_grad_rel_diff"] <= 1e-5
         assert row["step_seconds"] > 0
     assert report["plain"]["measured_peak_bytes"] > 0
+    assert report["gradient_nodes"] and report["accounting"].startswith("gradient nodes")
 
 
 def test_cli_compile_table(capsys):
@@ -236,3 +268,5 @@ def test_cli_compile_table(capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert "checkpoint_all" in out and "meas. peak" in out and "plain step" in out
+    # the CLI uses compile's default, "auto": the MLP's graph is small, so it has gradient nodes
+    assert "accounting: gradient nodes" in out
