@@ -34,18 +34,15 @@ def test_affine_family_matches_fresh_extractions(model, shape):
         assert np.array_equal(predicted.mem, real.mem)
         assert predicted.fixed_mem == real.fixed_mem
         assert predicted.edges == real.edges
-        # FLOP costs are (nearly) linear in the batch size too: the interpolation is a close fit. Small
-        # nodes (a layer's ReluGrad before its gradient node) deviate by a few percent of their own
-        # cost, a negligible share of the step's.
-        assert np.allclose(predicted.cost, real.cost, rtol=1e-3, atol=1e-4 * real.total_cost)
+        # FLOP costs are (nearly) linear in the batch size too: the interpolation is a close fit.
+        assert np.allclose(predicted.cost, real.cost, rtol=1e-3)
 
 
 def test_milp_fits_a_larger_batch_than_checkpoint_all_on_unet():
     """The paper's max-batch setting on U-Net: the MILP trains a larger batch in the same memory."""
     shape = (32, 32, 3)
-    # parameters, batch and gradients (the values of the output nodes) at batch 1, plus 8 MiB
-    g1 = extract_graph("unet", 1, input_shape=shape)
-    limit = g1.fixed_mem + int(g1.mem[g1.output].sum()) + (8 << 20)
+    # parameters, batch and gradients (the compact graph's fixed_mem) at batch 1, plus 8 MiB
+    limit = extract_graph("unet", 1, input_shape=shape).fixed_mem + (8 << 20)
     results = {r.strategy: r for r in search_model("unet", limit, ["checkpoint_all", "checkmate_milp"],
                                                    input_shape=shape, time_limit_s=10, confirm=False,
                                                    mip_gap=0.05)}

@@ -30,22 +30,43 @@ def test_names():
         assert zoo.describe(name)
 
 
+# "auto" lowers the large compact graphs (MobileNet, ResNet50, SegNet) compactly and splits the others: one
+# lowering per model covers both accountings.
+SPLIT_BY_AUTO = {"vgg16", "vgg19", "unet", "fcn8", *TEST_MODELS}
+
+
 @pytest.mark.parametrize("name", PAPER_MODELS + TEST_MODELS)
 def test_every_zoo_model_lowers_at_layer_level(name):
+    from checkmate.tf2.lowering import AUTO_GRADIENT_NODES_MAX_NODES
+
     model, loss, xs, ys = zoo.build_model(name, batch_size=2, input_shape=SMALL.get(name))
     assert xs.shape[0] == 2 and ys.shape[0] == 2
-    lg = lower(model, loss, xs, ys, level="layer")
+    lg = lower(model, loss, xs, ys, level="layer", gradient_nodes="auto")
     g = lg.graph
+    split = lg.metadata["gradient_nodes"]
+    assert split == (name in SPLIT_BY_AUTO)
+    assert split == (lg.metadata["compact_nodes"] <= AUTO_GRADIENT_NODES_MAX_NODES)
     assert g.n == len(lg.node_ops)
-    assert len(g.forward_nodes) > 0 and len(g.backward_nodes) > 0
-    # the outputs are the loss and the parameter-gradient nodes
-    assert [g.names[i] for i in np.flatnonzero(g.output)] == \
-        ["loss"] + [nd.name for nd in g.nodes if nd.name.endswith(":params")]
     # gradients of every trainable variable are returned
     assert len(lg.grad_tensors) == len(model.trainable_variables)
-    # non-recomputable nodes are exactly the BatchNorm/Dropout state parts and the gradient nodes
-    for nd in g.nodes:
-        assert nd.recomputable != nd.name.endswith((":state", ":params")), nd.name
+    if split:
+        assert g.n > lg.metadata["compact_nodes"]
+        assert len(g.forward_nodes) > 0 and len(g.backward_nodes) > 0
+        # the outputs are the loss and the parameter-gradient nodes
+        assert [g.names[i] for i in np.flatnonzero(g.output)] == \
+            ["loss"] + [nd.name for nd in g.nodes if nd.name.endswith(":params")]
+        # non-recomputable nodes are exactly the BatchNorm/Dropout state parts and the gradient nodes
+        for nd in g.nodes:
+            assert nd.recomputable != nd.name.endswith((":state", ":params")), nd.name
+    else:
+        assert g.n == lg.metadata["compact_nodes"]
+        assert len(g.forward_nodes) >= len(g.backward_nodes) > 0
+        # the loss is the only output node: parameter gradients are accounted in fixed_mem
+        assert [g.names[i] for i in np.flatnonzero(g.output)] == ["loss"]
+        assert lg.metadata["grad_bytes_in_fixed_mem"]
+        # non-recomputable nodes are exactly the BatchNorm/Dropout state parts
+        for nd in g.nodes:
+            assert nd.recomputable != nd.name.endswith(":state"), nd.name
 
 
 def test_vgg16_layer_graph_matches_the_paper():
@@ -57,24 +78,46 @@ def test_vgg16_layer_graph_matches_the_paper():
     forward = [g.names[i] for i in g.forward_nodes]
     backward = [g.names[i] for i in g.backward_nodes]
     assert forward == layers + ["loss"]
-    # the paper's VGG16 graph has ~45 nodes: one per layer and direction. Here a layer with weights
-    # also has a node for its gradients, and a convolution's backward is split around it (ReluGrad
+    assert backward == ["loss_grad"] + [f"{name}_grad" for name in reversed(layers)]
+    assert 40 <= g.n <= 50            # the paper's VGG16 graph: ~45 nodes
+    assert 80 <= len(g.edges) <= 100  # ... and ~90 edges
+    # a forward convolution's value is its ReLU output
+    conv = g.names.index("block1_conv1")
+    assert g.mem[conv] == 2 * 32 * 32 * 64 * 4
+    assert g.recomputable.all()
+    assert g.fixed_mem == lg.metadata["parameter_and_batch_bytes"] + lg.metadata["grad_bytes"]
+    # the op-level graph of the same step is much finer
+    assert lower(model, loss, xs, ys, level="op").graph.n > 3 * g.n
+
+
+def test_vgg16_gradient_node_graph():
+    model, loss, xs, ys = zoo.build_model("vgg16", batch_size=2, input_shape=(32, 32, 3))
+    lg = lower(model, loss, xs, ys, level="layer", gradient_nodes=True)
+    g = lg.graph
+    layers = [layer.name for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    assert len(layers) == 22
+    forward = [g.names[i] for i in g.forward_nodes]
+    backward = [g.names[i] for i in g.backward_nodes]
+    assert forward == layers + ["loss"]
+    # with gradient nodes, a layer with weights also has a node for its gradients, and a convolution's backward is split around it (ReluGrad
     # before, the gradient w.r.t. the input after); the first convolution's input gradient is dead
     per_layer = [name for name, _ in itertools.groupby(b.split(":")[0] for b in backward)]
     assert per_layer == ["loss_grad"] + [f"{name}_grad" for name in reversed(layers)]
     weighted = [layer.name for layer in model.layers if layer.trainable_weights]
     assert sum(b.endswith(":params") for b in backward) == len(weighted) == 16
-    assert g.n <= 2 * 45
+    compact = lg.metadata["compact_nodes"]
+    assert 40 <= compact <= 50 and compact < g.n <= 2 * 45
     # a forward convolution's value is its ReLU output
     conv = g.names.index("block1_conv1")
     assert g.mem[conv] == 2 * 32 * 32 * 64 * 4
     assert all(nd.recomputable != nd.name.endswith(":params") for nd in g.nodes)
-    # the op-level graph of the same step is much finer
-    assert lower(model, loss, xs, ys, level="op").graph.n > 2 * g.n
+    assert g.fixed_mem == lg.metadata["parameter_and_batch_bytes"]
 
 
-def test_residual_cnn_flags():
-    lg = lower(*zoo.build_model("residual_cnn", batch_size=2, input_shape=(16, 16, 3)), level="layer")
+@pytest.mark.parametrize("gradient_nodes", [False, True])
+def test_residual_cnn_flags(gradient_nodes):
+    lg = lower(*zoo.build_model("residual_cnn", batch_size=2, input_shape=(16, 16, 3)), level="layer",
+               gradient_nodes=gradient_nodes)
     names = lg.graph.names
     bn_layers = {"stem_bn", "block0_bn1", "block0_bn2", "block1_bn1", "block1_bn2"}
     assert {n for n, r in zip(names, lg.graph.recomputable) if not r and not n.endswith(":params")} == \
@@ -82,6 +125,8 @@ def test_residual_cnn_flags():
     # the residual add reads both branches
     add = names.index("block0_add")
     assert {names[d] for d in lg.graph.deps[add]} == {"stem_relu", "block0_bn2"}
+    # with gradient nodes, the BatchNorm layers the backward reads only statistics of get :saved nodes
+    assert any(n.endswith(":saved") for n in names) == gradient_nodes
 
 
 def test_any_input_size_and_bad_sizes():
@@ -126,8 +171,8 @@ def test_extract_cli_keras_file(tmp_path):
                    "--cost-model", "flops", "--out", str(graph_path)])
     assert rc == 0
     data = json.loads(graph_path.read_text())
-    assert [n["name"] for n in data["nodes"]] == ["c", "logits", "loss", "loss_grad", "logits_grad",
-                                                  "logits_grad:params", "logits_grad:2", "c_grad:params"]
+    # checkmate extract writes the compact layer graph: one forward and one backward node per layer
+    assert [n["name"] for n in data["nodes"]] == ["c", "logits", "loss", "loss_grad", "logits_grad", "c_grad"]
 
 
 def test_extract_cli_errors(tmp_path, capsys):
