@@ -213,16 +213,19 @@ def _renamed(graph: Graph, name: str) -> Graph:
 # ------------------------------------------------------------------------------------ models
 def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFAULT_STRATEGIES, *,
                  input_shape: tuple[int, ...] | None = None, level: str = "layer", cost_model: str = "flops",
-                 reference_batches: tuple[int, int] = (1, 2), confirm: bool | None = None,
+                 gradient_nodes: bool = False, reference_batches: tuple[int, int] = (1, 2), confirm: bool | None = None,
                  solver: str | None = None, time_limit_s: float | None = None, progress: bool = False,
                  extra_forward_passes: float = 1.0, **options: Any) -> list[MaxBatchResult]:
     """The max-batch study for one zoo model: search on interpolated graphs, then re-extract and
     re-solve each strategy's final batch size; ``confirm`` (default: when the limit fits this
-    machine's free memory) runs the compiled step there and records its measured peak."""
+    machine's free memory) runs the compiled step there and records its measured peak. Graphs are
+    the compact layer graphs by default (``gradient_nodes``: see :func:`checkmate.tf2.lowering.lower`),
+    which the MILP solves fastest across the many probes of the search."""
     from checkmate.analysis.models import extract_graph
 
     def extract(b: int) -> Graph:
-        return extract_graph(model, b, input_shape=input_shape, level=level, cost_model=cost_model)
+        return extract_graph(model, b, input_shape=input_shape, level=level, cost_model=cost_model,
+                             gradient_nodes=gradient_nodes)
 
     b1, b2 = reference_batches
     family = BatchGraphFamily(extract(b1), b1, extract(b2), b2, name=model)
@@ -243,7 +246,7 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
                                     options)
         if _should_confirm(confirm, memory_bytes) and res.max_batch_size > 0:
             res.measured = _measure(model, res.max_batch_size, memory_bytes, strategy, input_shape, level,
-                                    solver, time_limit_s)
+                                    gradient_nodes, solver, time_limit_s)
         results.append(res)
         if bar is not None:
             bar.update(1)
@@ -287,8 +290,8 @@ def _should_confirm(confirm: bool | None, memory_bytes: int) -> bool:
     return available is not None and memory_bytes * 2 < available
 
 
-def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, input_shape, level, solver,
-             time_limit_s) -> dict:
+def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, input_shape, level, gradient_nodes,
+             solver, time_limit_s) -> dict:
     """Run the compiled step at ``batch_size`` and report its measured peak (or why it could not run)."""
     try:
         from checkmate.analysis.models import measure_compiled_step
@@ -296,7 +299,8 @@ def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, inpu
         return {"status": f"not measured: {exc}"}
     try:
         return measure_compiled_step(model, batch_size, memory_bytes, strategy, input_shape=input_shape,
-                                     level=level, solver=solver, time_limit_s=time_limit_s)
+                                     level=level, gradient_nodes=gradient_nodes, solver=solver,
+                                     time_limit_s=time_limit_s)
     except Exception as exc:  # a failed confirmation is reported, not fatal to the search
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}
 

@@ -14,25 +14,30 @@ __all__ = ["lower_zoo_model", "extract_graph", "random_batch", "measure_compiled
 
 
 def lower_zoo_model(model: str, batch_size: int, *, input_shape: tuple[int, ...] | None = None,
-                    level: str = "layer", cost_model: str = "flops", progress: bool = False):
-    """Build zoo ``model`` at ``batch_size`` and lower its training step; returns ``(ZooModel, LoweredGraph)``."""
+                    level: str = "layer", cost_model: str = "flops", gradient_nodes: bool = False,
+                    progress: bool = False):
+    """Build zoo ``model`` at ``batch_size`` and lower its training step; returns ``(ZooModel, LoweredGraph)``.
+
+    ``gradient_nodes`` as in :func:`checkmate.tf2.lowering.lower` (default: the compact layer graph)."""
     from checkmate.tf2 import zoo
     from checkmate.tf2.lowering import lower
 
     built = zoo.build_model(model, batch_size=batch_size, input_shape=input_shape)
     lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=level,
-                    cost_model=cost_model, name=f"{model}-b{batch_size}-{level}", progress=progress)
+                    gradient_nodes=gradient_nodes, cost_model=cost_model, name=f"{model}-b{batch_size}-{level}",
+                    progress=progress)
     return built, lowered
 
 
 def extract_graph(model: str, batch_size: int, *, input_shape: tuple[int, ...] | None = None,
-                  level: str = "layer", cost_model: str = "flops") -> Graph:
+                  level: str = "layer", cost_model: str = "flops", gradient_nodes: bool = False) -> Graph:
     """The training graph of zoo ``model`` at ``batch_size`` (layer level by default, as in the paper)."""
     import gc
 
     import keras
 
-    _, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level, cost_model=cost_model)
+    _, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level, cost_model=cost_model,
+                                 gradient_nodes=gradient_nodes)
     graph = lowered.graph
     # Each extraction builds a fresh model; drop Keras' global state so a long search does not grow.
     del lowered
@@ -53,7 +58,8 @@ def random_batch(built) -> tuple[Any, Any]:
 
 def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strategy: str, *,
                           input_shape: tuple[int, ...] | None = None, level: str = "layer",
-                          solver: str | None = None, time_limit_s: float | None = None) -> dict:
+                          gradient_nodes: bool = False, solver: str | None = None,
+                          time_limit_s: float | None = None) -> dict:
     """Compile zoo ``model`` at ``batch_size`` for ``memory_bytes`` with ``strategy``, run one step
     and measure it. The measured figure is the allocator's peak during the step above what was
     resident before it (parameters and the batch); it is reported next to the schedule's predicted
@@ -66,7 +72,8 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
     from checkmate.tf2.compile import compile_lowered
     from checkmate.tf2.memory import measure_step
 
-    built, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level)
+    built, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level,
+                                     gradient_nodes=gradient_nodes)
     step = compile_lowered(lowered, built.model, built.loss, keras.optimizers.SGD(0.01), budget=int(memory_bytes),
                            strategy=strategy, solver=solver, time_limit_s=time_limit_s)
     x, y = random_batch(built)

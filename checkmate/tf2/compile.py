@@ -36,9 +36,9 @@ from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import available_device_memory, default_device, measure_step
 
-__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "accounting", "RematModel",
-           "resolve_budget", "minimum_feasible_budget", "cli_compile", "compare_strategies", "max_gradient_difference",
-           "measure_step", "random_batch"]
+__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "accounting",
+           "RematModel", "resolve_budget", "minimum_feasible_budget", "cli_compile", "compare_strategies",
+           "max_gradient_difference", "measure_step", "random_batch"]
 
 
 @dataclass(frozen=True)
@@ -370,7 +370,8 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         per layer, parameter gradients resident for the whole step) and, when it has at most
         :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` nodes, the finer graph with
         the parameter gradients in output nodes of their own instead: ~1.65x the nodes (a slower
-        MILP, still practical at that size), for a predicted peak that follows the measured one. ``True``/``False`` force one of them (see :mod:`checkmate.tf2.lowering`).
+        MILP, still practical at that size), for a predicted peak that follows the measured one.
+        ``True``/``False`` force one of them (see :mod:`checkmate.tf2.lowering`).
         :meth:`CompiledStep.summary` says which one was used.
 
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)

@@ -100,9 +100,10 @@ than the plan.
 The trade-off: the compact graph is what the paper solves and what the MILP handles on large
 networks (VGG16 46 nodes, MobileNet ~210, ResNet50 ~390); it over-counts the gradients early in the
 step and holds a layer's whole output where the backward reads only part of it, so a schedule's
-measured peak can be below its prediction (by up to ~30% on the CNNs of experiments/execution.py). Gradient nodes make the predicted step peak follow
-the measured one (within ~15% on the test models), at ~1.65x the nodes; the MILP's time grows much
-faster than that (MobileNet's LP relaxation: 6 s compact, 170 s with gradient nodes).
+measured peak can be below its prediction (by up to ~30% on the CNNs of experiments/execution.py).
+Gradient nodes make the predicted step peak follow the measured one (within ~15% on the test
+models), at ~1.65x the nodes; the MILP's time grows much faster than that (MobileNet's LP
+relaxation: 6 s compact, 170 s with gradient nodes).
 :func:`checkmate.tf2.compile` picks gradient nodes by default when the compact graph is small
 (``gradient_nodes="auto"``: at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes).
 

@@ -50,7 +50,8 @@ def test_compiled_step_api():
     assert "griewank_logn" in text and "overhead" in text and "predicted peak" in text
     # "auto": the compact graph of this MLP is small, so the step uses the gradient-node graph
     assert step.lowered.metadata["gradient_nodes"] and "gradient nodes" in text
-    assert step.predicted.resident_bytes == step.predicted.fixed_bytes == step.lowered.metadata["parameter_and_batch_bytes"]
+    meta = step.lowered.metadata
+    assert step.predicted.resident_bytes == step.predicted.fixed_bytes == meta["parameter_and_batch_bytes"]
 
     x, y = batch_for(xs, ys, 10)
     loss_value, grads = step.gradients(x, y)

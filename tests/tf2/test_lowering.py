@@ -384,7 +384,7 @@ def test_gradient_nodes_mem_counts_tensors_used_outside_the_node():
     (lambda: mlp(), (8,), tf.int32),
     (lambda: small_cnn(bn=True, dropout=True), (8, 8, 3), tf.int32),
 ])
-def test_gradient_nodes_fixed_mem_holds_parameters_and_batch_and_gradients_are_output_nodes(build, shape, classes_dtype):
+def test_gradient_nodes_fixed_mem_holds_parameters_and_batch_gradients_are_outputs(build, shape, classes_dtype):
     model = build()
     xs, ys = specs(shape, classes_dtype)
     # every variable (BN statistics and the dropout seed included) and the batch, computed from the
