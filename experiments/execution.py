@@ -63,6 +63,8 @@ def parse_args(argv=None):
                    help="fractions of the activation part of checkpoint-all's peak")
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
+    p.add_argument("--gradient-nodes", choices=("auto", "yes", "no"), default="auto",
+                   help="layer-level accounting of parameter gradients (as checkmate.tf2.compile's gradient_nodes)")
     p.add_argument("--time-limit", type=float, default=20.0, help="MILP/LP time limit per solve (s)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -105,8 +107,9 @@ def run(args) -> list[dict]:
     for name, batch, shape in model_list(args.models):
         start = time.time()
         built = zoo.build_model(name, batch, shape)
+        gradient_nodes = {"auto": "auto", "yes": True, "no": False}[args.gradient_nodes]
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
-                        cost_model=args.cost_model, progress=False)
+                        cost_model=args.cost_model, gradient_nodes=gradient_nodes, progress=False)
         x, y = compile_module.random_batch(lowered, built.model)
         plain = compile_module.measure_plain(lowered, x + y, steps=args.steps, device=device)
         resident = compile_module._resident_bytes(lowered)
