@@ -295,6 +295,15 @@ def test_compact_layer_level_fixed_mem_holds_parameters_batch_and_gradients(buil
     assert lg.grad_tensors == op.grad_tensors
 
 
+def _checkpoint_all_peak_by_hand(g):
+    """(peak, memory while the last node runs) of checkpoint-all, counted directly: each value lives
+    from its computation to its last use, outputs to the end."""
+    last = [max([u for u in g.users[i]], default=i) for i in range(g.n)]
+    live = [sum(int(g.mem[i]) for i in range(t) if last[i] >= t or g.output[i]) + int(g.mem[t])
+            for t in range(g.n)]
+    return g.fixed_mem + max(live), g.fixed_mem + live[-1]
+
+
 def test_compact_layer_level_checkpoint_all_peak_matches_liveness():
     """The simulator's checkpoint-all peak on a layer graph is fixed_mem plus the largest set of live
     values: each value lives from its computation to its last use, and only the loss to the end."""
@@ -304,15 +313,11 @@ def test_compact_layer_level_checkpoint_all_peak_matches_liveness():
     lg = lower(small_cnn(bn=True), XENT, *specs((8, 8, 3)), level="layer")
     g = lg.graph
     assert g.mem[g.names.index("conv1_grad")] == 0  # only weight gradients; dx of the batch is dead
-    last = [max([u for u in g.users[i]], default=i) for i in range(g.n)]
-    live = [sum(int(g.mem[i]) for i in range(t) if last[i] >= t or g.output[i]) + int(g.mem[t])
-            for t in range(g.n)]
-    expected = g.fixed_mem + max(live)
+    expected, final = _checkpoint_all_peak_by_hand(g)
     result = checkmate.solve(g, 10 * expected, strategy="checkpoint_all")
     assert simulate(g, result.schedule).peak_memory_bytes == expected
     # the peak is not at the end of the backward pass, where an output flag on backward nodes would
     # hold every activation gradient: the last node (the first layer's backward) runs with its inputs only
-    final = g.fixed_mem + live[-1]
     assert final < expected
 
 
@@ -423,15 +428,11 @@ def test_gradient_nodes_checkpoint_all_peak_matches_liveness():
     g = lg.graph
     # conv1's backward is only its weight gradients (3*3*3*4 + 4 floats): dx of the batch is dead
     assert "conv1_grad" not in g.names and g.mem[g.names.index("conv1_grad:params")] == (3 * 3 * 3 * 4 + 4) * 4
-    last = [max([u for u in g.users[i]], default=i) for i in range(g.n)]
-    live = [sum(int(g.mem[i]) for i in range(t) if last[i] >= t or g.output[i]) + int(g.mem[t])
-            for t in range(g.n)]
-    expected = g.fixed_mem + max(live)
+    expected, final = _checkpoint_all_peak_by_hand(g)
     result = checkmate.solve(g, 10 * expected, strategy="checkpoint_all")
     assert simulate(g, result.schedule).peak_memory_bytes == expected
     # the peak is not at the end of the backward pass: the last node (the first layer's gradients)
     # runs with its inputs and the gradients only
-    final = g.fixed_mem + live[-1]
     assert final < expected
 
 
