@@ -36,6 +36,11 @@ def main(argv=None) -> int:
     from checkmate.tf2 import zoo
     from checkmate.tf2.lowering import lower
 
+    unknown = [name for name in args.models.split(",") if name not in zoo.names()]
+    if unknown:
+        print(f"extract_graphs.py: unknown model(s) {', '.join(unknown)}; the zoo has {', '.join(zoo.names())}",
+              file=sys.stderr)
+        return 2
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         batch = MODELS.get(name, 8)

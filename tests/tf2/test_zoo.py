@@ -69,15 +69,21 @@ def test_every_zoo_model_lowers_at_layer_level(name):
             assert nd.recomputable != nd.name.endswith(":state"), nd.name
 
 
-def test_vgg16_layer_graph_matches_the_paper():
+def _small_vgg16_layer_graph(gradient_nodes):
+    """(model, loss, specs, lowered, layer names, backward node names) of VGG16 at 32x32, batch 2; checks
+    the forward nodes, which are one per layer plus the loss in both accountings."""
     model, loss, xs, ys = zoo.build_model("vgg16", batch_size=2, input_shape=(32, 32, 3))
-    lg = lower(model, loss, xs, ys, level="layer")
+    lg = lower(model, loss, xs, ys, level="layer", gradient_nodes=gradient_nodes)
     g = lg.graph
     layers = [layer.name for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     assert len(layers) == 22
-    forward = [g.names[i] for i in g.forward_nodes]
-    backward = [g.names[i] for i in g.backward_nodes]
-    assert forward == layers + ["loss"]
+    assert [g.names[i] for i in g.forward_nodes] == layers + ["loss"]
+    return model, loss, (xs, ys), lg, layers, [g.names[i] for i in g.backward_nodes]
+
+
+def test_vgg16_layer_graph_matches_the_paper():
+    model, loss, (xs, ys), lg, layers, backward = _small_vgg16_layer_graph(False)
+    g = lg.graph
     assert backward == ["loss_grad"] + [f"{name}_grad" for name in reversed(layers)]
     assert 40 <= g.n <= 50            # the paper's VGG16 graph: ~45 nodes
     assert 80 <= len(g.edges) <= 100  # ... and ~90 edges
@@ -91,14 +97,8 @@ def test_vgg16_layer_graph_matches_the_paper():
 
 
 def test_vgg16_gradient_node_graph():
-    model, loss, xs, ys = zoo.build_model("vgg16", batch_size=2, input_shape=(32, 32, 3))
-    lg = lower(model, loss, xs, ys, level="layer", gradient_nodes=True)
+    model, loss, (xs, ys), lg, layers, backward = _small_vgg16_layer_graph(True)
     g = lg.graph
-    layers = [layer.name for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
-    assert len(layers) == 22
-    forward = [g.names[i] for i in g.forward_nodes]
-    backward = [g.names[i] for i in g.backward_nodes]
-    assert forward == layers + ["loss"]
     # with gradient nodes, a layer with weights also has a node for its gradients, and a convolution's backward is split around it (ReluGrad
     # before, the gradient w.r.t. the input after); the first convolution's input gradient is dead
     per_layer = [name for name, _ in itertools.groupby(b.split(":")[0] for b in backward)]
