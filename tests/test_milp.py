@@ -168,6 +168,42 @@ def test_milp_cost_is_non_increasing_in_the_budget(graph):
     assert previous == pytest.approx(graph.total_cost)   # checkpoint-all's peak allows no recomputation
 
 
+def _objective(graph, budget, *, flow_rows, relaxed):
+    """Optimal objective of the model (or its LP relaxation) in cost units; None when infeasible."""
+    form = build_formulation(graph, budget, flow_rows=flow_rows)
+    model = form.model.relaxed() if relaxed else form.model
+    res = get_backend("highs").solve(model, mip_gap=0.0, threads=1)
+    return None if res.status == INFEASIBLE else res.objective * form.model.objective_scale
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(max_nodes=10), st.floats(0.0, 1.0))
+def test_flow_rows_tighten_the_relaxation_and_keep_the_optimum(graph, where):
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = max(1, int(low + where * (high - low)))
+    milp_plain = _objective(graph, budget, flow_rows=False, relaxed=False)
+    milp_flow = _objective(graph, budget, flow_rows=True, relaxed=False)
+    assert (milp_plain is None) == (milp_flow is None)
+    if milp_flow is None:
+        return
+    assert milp_flow == pytest.approx(milp_plain, rel=1e-6, abs=1e-6)
+    lp_plain = _objective(graph, budget, flow_rows=False, relaxed=True)
+    lp_flow = _objective(graph, budget, flow_rows=True, relaxed=True)
+    assert lp_plain <= lp_flow + 1e-6 * max(1.0, abs(lp_flow))
+    assert lp_flow <= milp_flow + 1e-6 * max(1.0, abs(milp_flow))
+
+
+def test_flow_rows_raise_the_lp_bound_at_tight_budgets():
+    graph = synthetic.unet(3)
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = int(low + 0.1 * (high - low))
+    plain = _objective(graph, budget, flow_rows=False, relaxed=True)
+    flow = _objective(graph, budget, flow_rows=True, relaxed=True)
+    optimum = _objective(graph, budget, flow_rows=True, relaxed=False)
+    assert flow > 1.05 * plain
+    assert flow <= optimum + 1e-6 * optimum
+
+
 # ------------------------------------------------------------------------------ brute force
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_dags(min_nodes=2, max_nodes=5), st.floats(0.0, 1.0))

@@ -151,7 +151,9 @@ def _build(graph: "Graph", budget_bytes: int, options: "SolveOptions", backend) 
     extra = dict(options.extra or {})
     return build_formulation(graph, budget_bytes, exact_free=bool(extra.get("exact_free", False)),
                              integral_s_only=bool(extra.get("integral_s_only", False)),
-                             integral_units=backend.needs_integral_rows)
+                             integral_units=backend.needs_integral_rows,
+                             exclusive_rows=extra.get("exclusive_rows"),
+                             flow_rows=bool(extra.get("flow_rows", True)))
 
 
 def _solver_label(backend) -> str:
