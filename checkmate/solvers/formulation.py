@@ -474,6 +474,7 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     ut = uniq // (n * n)
     uj = uniq % n
     rows.term(rid, r_col[ut, uj], 1.0)
+
     if exact_free:
         # sum_k FREE[t, i, k] + S[t+1, i] >= R[t, p] for every position p of the group: a value that
         # the stage touches and does not keep is freed.

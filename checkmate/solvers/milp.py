@@ -333,7 +333,9 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
     returned schedule is within ``options.mip_gap`` of a proven bound.
 
     ``options.extra``: ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
-    ``exact_free=True`` builds the model with the exact FREE definition.
+    ``exact_free=True`` builds the model with the exact FREE definition; ``flow_rows=False`` leaves out
+    the flow rows and ``exclusive_rows=True`` adds ``R + S <= 1`` (see :func:`build_formulation`);
+    ``improve_start=False`` skips the local search on the MIP start.
     """
     from checkmate.solvers import StrategyOutput
 
