@@ -263,10 +263,14 @@ def _variable_bytes(variables):
     return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
 
 
-@pytest.mark.parametrize("build,shape,classes_dtype", [
+# An MLP, and a CNN with BatchNorm statistics and a dropout seed among its variables.
+PARAMETER_MODELS = [
     (lambda: mlp(), (8,), tf.int32),
     (lambda: small_cnn(bn=True, dropout=True), (8, 8, 3), tf.int32),
-])
+]
+
+
+@pytest.mark.parametrize("build,shape,classes_dtype", PARAMETER_MODELS)
 def test_compact_layer_level_fixed_mem_holds_parameters_batch_and_gradients(build, shape, classes_dtype):
     model = build()
     xs, ys = specs(shape, classes_dtype)
@@ -385,10 +389,7 @@ def test_gradient_nodes_mem_counts_tensors_used_outside_the_node():
     assert g.mem.sum() < lower_mlp(level="op").graph.mem.sum()
 
 
-@pytest.mark.parametrize("build,shape,classes_dtype", [
-    (lambda: mlp(), (8,), tf.int32),
-    (lambda: small_cnn(bn=True, dropout=True), (8, 8, 3), tf.int32),
-])
+@pytest.mark.parametrize("build,shape,classes_dtype", PARAMETER_MODELS)
 def test_gradient_nodes_fixed_mem_holds_parameters_and_batch_gradients_are_outputs(build, shape, classes_dtype):
     model = build()
     xs, ys = specs(shape, classes_dtype)
