@@ -79,7 +79,8 @@ def test_encoded_schedules_satisfy_every_row(graph, seed):
     schedule = schedule_from_retain(graph, S)
     sim = simulate(graph, schedule)
     assume(sim.valid)
-    form = build_formulation(graph, sim.peak_memory_bytes, exact_free=True)
+    # residency rows at every position, not only where the working set is large
+    form = build_formulation(graph, sim.peak_memory_bytes, exact_free=True, working_set_fraction=0.0)
     x = form.encode(schedule.recompute, schedule.retain)
     assert form.model.max_violation(x) < 1e-7
     assert form.peak_bytes(schedule.recompute, schedule.retain) == sim.peak_memory_bytes
@@ -168,9 +169,9 @@ def test_milp_cost_is_non_increasing_in_the_budget(graph):
     assert previous == pytest.approx(graph.total_cost)   # checkpoint-all's peak allows no recomputation
 
 
-def _objective(graph, budget, *, flow_rows, relaxed):
+def _objective(graph, budget, *, relaxed, **kwargs):
     """Optimal objective of the model (or its LP relaxation) in cost units; None when infeasible."""
-    form = build_formulation(graph, budget, flow_rows=flow_rows)
+    form = build_formulation(graph, budget, **kwargs)
     model = form.model.relaxed() if relaxed else form.model
     res = get_backend("highs").solve(model, mip_gap=0.0, threads=1)
     return None if res.status == INFEASIBLE else res.objective * form.model.objective_scale
@@ -197,11 +198,45 @@ def test_flow_rows_raise_the_lp_bound_at_tight_budgets():
     graph = synthetic.unet(3)
     low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
     budget = int(low + 0.1 * (high - low))
-    plain = _objective(graph, budget, flow_rows=False, relaxed=True)
-    flow = _objective(graph, budget, flow_rows=True, relaxed=True)
+    # without the residency rows, which on this graph lift the plain relaxation as far
+    plain = _objective(graph, budget, flow_rows=False, residency_rows=False, relaxed=True)
+    flow = _objective(graph, budget, flow_rows=True, residency_rows=False, relaxed=True)
     optimum = _objective(graph, budget, flow_rows=True, relaxed=False)
     assert flow > 1.05 * plain
     assert flow <= optimum + 1e-6 * optimum
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(max_nodes=10), st.floats(0.0, 1.0))
+def test_residency_rows_keep_the_optimum_and_never_lower_the_bound(graph, where):
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = max(1, int(low + where * (high - low)))
+    without = _objective(graph, budget, residency_rows=False, relaxed=False)
+    every = _objective(graph, budget, working_set_fraction=0.0, relaxed=False)
+    assert (without is None) == (every is None)
+    if every is None:
+        return
+    assert every == pytest.approx(without, rel=1e-6, abs=1e-6)
+    lp_without = _objective(graph, budget, residency_rows=False, relaxed=True)
+    lp_every = _objective(graph, budget, working_set_fraction=0.0, relaxed=True)
+    assert lp_without <= lp_every + 1e-6 * max(1.0, abs(lp_every))
+    assert lp_every <= every + 1e-6 * max(1.0, abs(every))
+
+
+def test_residency_rows_are_knapsacks_over_the_holds_of_the_next_stage():
+    graph = synthetic.unet(3)
+    budget = int(0.8 * checkpoint_all_peak(graph))
+    plain = build_formulation(graph, budget, residency_rows=False)
+    form = build_formulation(graph, budget, working_set_fraction=0.0)
+    extra = form.model.A[plain.model.num_rows:]
+    assert extra.shape[0] > 0 and form.model.num_cols == plain.model.num_cols
+    s_cols = set(form.s_col[form.s_col >= 0].tolist())
+    r_cols = set(form.r_col[form.r_col >= 0].tolist())
+    for row in range(extra.shape[0]):
+        cols = extra.indices[extra.indptr[row]:extra.indptr[row + 1]]
+        assert set(cols.tolist()) <= s_cols | r_cols
+        assert len(set(cols.tolist()) & r_cols) <= 1       # the position's own R, nothing else
+    assert np.all(extra.data > 0)
 
 
 # ------------------------------------------------------------------------------ brute force

@@ -153,7 +153,9 @@ def _build(graph: "Graph", budget_bytes: int, options: "SolveOptions", backend) 
                              integral_s_only=bool(extra.get("integral_s_only", False)),
                              integral_units=backend.needs_integral_rows,
                              exclusive_rows=extra.get("exclusive_rows"),
-                             flow_rows=bool(extra.get("flow_rows", True)))
+                             flow_rows=bool(extra.get("flow_rows", True)),
+                             residency_rows=bool(extra.get("residency_rows", True)),
+                             working_set_fraction=extra.get("working_set_fraction"))
 
 
 def _solver_label(backend) -> str:
@@ -334,7 +336,9 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
 
     ``options.extra``: ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
     ``exact_free=True`` builds the model with the exact FREE definition; ``flow_rows=False`` leaves out
-    the flow rows and ``exclusive_rows=True`` adds ``R + S <= 1`` (see :func:`build_formulation`);
+    the flow rows, ``residency_rows=False`` the residency rows, ``working_set_fraction`` picks the
+    positions with a residency row and ``exclusive_rows=True`` adds ``R + S <= 1`` (see
+    :func:`build_formulation`);
     ``improve_start=False`` skips the local search on the MIP start.
     """
     from checkmate.solvers import StrategyOutput
