@@ -177,21 +177,28 @@ def _objective(graph, budget, *, relaxed, **kwargs):
     return None if res.status == INFEASIBLE else res.objective * form.model.objective_scale
 
 
+# Rows that cut fractional points only: (model without them, model with them).
+TIGHTENINGS = {"flow rows": ({"flow_rows": False}, {"flow_rows": True}),
+               "residency rows at every position": ({"residency_rows": False}, {"working_set_fraction": 0.0})}
+
+
+@pytest.mark.parametrize("rows", sorted(TIGHTENINGS))
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_dags(max_nodes=10), st.floats(0.0, 1.0))
-def test_flow_rows_tighten_the_relaxation_and_keep_the_optimum(graph, where):
+@given(graph=random_dags(max_nodes=10), where=st.floats(0.0, 1.0))
+def test_valid_rows_keep_the_optimum_and_never_lower_the_bound(rows, graph, where):
+    weak, strong = TIGHTENINGS[rows]
     low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
     budget = max(1, int(low + where * (high - low)))
-    milp_plain = _objective(graph, budget, flow_rows=False, relaxed=False)
-    milp_flow = _objective(graph, budget, flow_rows=True, relaxed=False)
-    assert (milp_plain is None) == (milp_flow is None)
-    if milp_flow is None:
+    milp_weak = _objective(graph, budget, relaxed=False, **weak)
+    milp_strong = _objective(graph, budget, relaxed=False, **strong)
+    assert (milp_weak is None) == (milp_strong is None)
+    if milp_strong is None:
         return
-    assert milp_flow == pytest.approx(milp_plain, rel=1e-6, abs=1e-6)
-    lp_plain = _objective(graph, budget, flow_rows=False, relaxed=True)
-    lp_flow = _objective(graph, budget, flow_rows=True, relaxed=True)
-    assert lp_plain <= lp_flow + 1e-6 * max(1.0, abs(lp_flow))
-    assert lp_flow <= milp_flow + 1e-6 * max(1.0, abs(milp_flow))
+    assert milp_strong == pytest.approx(milp_weak, rel=1e-6, abs=1e-6)
+    lp_weak = _objective(graph, budget, relaxed=True, **weak)
+    lp_strong = _objective(graph, budget, relaxed=True, **strong)
+    assert lp_weak <= lp_strong + 1e-6 * max(1.0, abs(lp_strong))
+    assert lp_strong <= milp_strong + 1e-6 * max(1.0, abs(milp_strong))
 
 
 def test_flow_rows_raise_the_lp_bound_at_tight_budgets():
@@ -204,23 +211,6 @@ def test_flow_rows_raise_the_lp_bound_at_tight_budgets():
     optimum = _objective(graph, budget, flow_rows=True, relaxed=False)
     assert flow > 1.05 * plain
     assert flow <= optimum + 1e-6 * optimum
-
-
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_dags(max_nodes=10), st.floats(0.0, 1.0))
-def test_residency_rows_keep_the_optimum_and_never_lower_the_bound(graph, where):
-    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
-    budget = max(1, int(low + where * (high - low)))
-    without = _objective(graph, budget, residency_rows=False, relaxed=False)
-    every = _objective(graph, budget, working_set_fraction=0.0, relaxed=False)
-    assert (without is None) == (every is None)
-    if every is None:
-        return
-    assert every == pytest.approx(without, rel=1e-6, abs=1e-6)
-    lp_without = _objective(graph, budget, residency_rows=False, relaxed=True)
-    lp_every = _objective(graph, budget, working_set_fraction=0.0, relaxed=True)
-    assert lp_without <= lp_every + 1e-6 * max(1.0, abs(lp_every))
-    assert lp_every <= every + 1e-6 * max(1.0, abs(every))
 
 
 def test_residency_rows_are_knapsacks_over_the_holds_of_the_next_stage():
