@@ -93,8 +93,11 @@ _INTEGRAL_UNITS_MAX = 10**5
 _FLOAT_UNITS_PER_MAX = 1000.0
 # Positions other than a stage's own node get a residency row when their working set (output plus
 # inputs) is at least this share of the available memory: there, what is held competes with a large
-# working set. Measured on the profiled U-Net graph at 80% (six seeds): 3.7-4.0 s at 0.35; 0.25 about
-# the same, one seed 8 s; 0.4 (fewer rows) 3.8-9.3 s; every position (more rows, slower LPs) 8-15 s.
+# working set. Measured on the profiled U-Net graph at 80% (seeds 0-5): 3.6-4.2 s at 0.35, 5.4-9.1 s
+# at 0.5, 5.5-7.4 s with the stage rows only; rows at more positions (0.25: one seed 8 s; every
+# position: 7.8-15.7 s) slow the LPs down. Synthetic SegNet at 1.1x its minimum budget: 13 s at 0.35,
+# 37 s at 0.25, 12 s at 0.5, 29 s with the stage rows only. Any fraction is passed as
+# checkmate.solve(..., working_set_fraction=F).
 _WORKING_SET_FRACTION = 0.35
 
 
@@ -350,8 +353,8 @@ def _add_residency_rows(rows: _Rows, graph: "Graph", mem: np.ndarray, cap: float
 
     One row per stage at its own node (``k = t``, where ``R = 1``), and one at every other position
     whose working set is at least ``fraction`` of the available memory. The memory rows imply them
-    for integral (R, S), and so does the LP; they are knapsacks in the binaries alone, which the
-    solver's cover cuts need.
+    for integral (R, S); with the flow rows the LP bound was unchanged by them on every graph
+    measured. They are knapsacks in the binaries alone, which the solver's cover cuts need.
     """
     n = graph.n
     if n < 2:
