@@ -246,7 +246,11 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
             if extra:
                 value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
         marks["grad_start"] = _compat.current_graph_op_count()
-        grads = tape.gradient(value, list(variables), unconnected_gradients=tf.UnconnectedGradients.ZERO)
+        grads = tape.gradient(value, list(variables))
+        # A variable the loss does not use (an output head the loss ignores) gets a constant zero
+        # gradient. Not through UnconnectedGradients.ZERO: TF 2.21 cannot build that zero for a Keras 3
+        # variable, whose dtype is a string.
+        grads = [tf.zeros(v.shape, tf.as_dtype(v.dtype)) if g is None else g for g, v in zip(grads, variables)]
         # Sparse gradients (embeddings) are densified so that the step returns one tensor per variable.
         grads = [tf.convert_to_tensor(g) for g in grads]
         marks["loss"] = value.name

@@ -210,6 +210,40 @@ def test_op_level_step_matches_plain_and_copies():
     assert sum(executed.values()) == fn.expected_op_copies()
 
 
+@pytest.mark.parametrize("level", ["layer", "op"])
+def test_variables_the_loss_does_not_use_get_zero_gradients(level):
+    """An output head the loss ignores: its variables get zero gradients, in the order of
+    model.trainable_variables, and the rest match an eager GradientTape."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((32,))
+    h = keras.layers.Dense(64, activation="relu", name="hidden0")(inp)
+    h = keras.layers.Dense(64, activation="relu", name="hidden1")(h)
+    main = keras.layers.Dense(10, name="main")(h)
+    aux = keras.layers.Dense(3, name="aux")(h)
+    model = keras.Model(inp, [main, aux])
+
+    def loss(y_true, y_pred):
+        return XENT(y_true, y_pred[0])
+
+    xs, ys = tf.TensorSpec((64, 32)), tf.TensorSpec((64,), tf.int32)
+    lowered = lower(model, loss, xs, ys, level=level)
+    result = solve(lowered.graph, 10 * checkpoint_all_peak(lowered.graph), strategy="checkpoint_last_node")
+    assert result.schedule.recompute_count > 0
+    x, y = batch_for(xs, ys, 10)
+    got_loss, got = generate(lowered, result.schedule)(x, y)
+    with tf.GradientTape() as tape:
+        want_loss = loss(y, model(x, training=True))
+    want = tape.gradient(want_loss, model.trainable_variables)
+    assert_close_relative(got_loss, want_loss)
+    assert len(got) == len(model.trainable_variables)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        assert g.shape == v.shape
+        if v.path.startswith("aux"):
+            assert w is None and not np.any(g.numpy()), v.path
+        else:
+            assert_close_relative(g, w)
+
+
 def test_checkpoint_all_emits_no_copies():
     model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
     lowered = lower(model, loss, xs, ys, level="op")
