@@ -34,6 +34,7 @@ from checkmate.solvers import SolveResult, format_bytes, get_strategy, parse_bud
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.lowered import LoweredGraph
+from checkmate.tf2.lowering import lower, training_loss
 from checkmate.tf2.memory import available_device_memory, default_device, measure_step
 
 __all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "accounting",
@@ -268,10 +269,15 @@ class RematModel(keras.Model):
     """``keras.Model`` wrapper whose ``train_step`` runs a :class:`CompiledStep`.
 
     It shares the wrapped model's layers and variables: ``fit`` trains the original model.
-    Inference (``predict``, ``evaluate``, ``__call__``) runs the wrapped model unchanged. Batches
-    must have the compiled batch size: batch a ``tf.data`` pipeline with ``drop_remainder=True``
-    or give ``fit`` a sample count divisible by the batch size. The compiled step computes the
-    loss it was compiled with; ``compile(loss=...)`` and sample weights are not used in training.
+    Inference (``predict``, ``__call__``) runs the wrapped model unchanged. Training batches must
+    have the compiled batch size: batch a ``tf.data`` pipeline with ``drop_remainder=True`` or give
+    ``fit`` a sample count divisible by the batch size.
+
+    The loss is the one given to :func:`checkmate.tf2.compile`: ``fit`` reports the compiled step's
+    loss, and ``evaluate`` (and ``fit``'s validation) computes the same loss on the wrapped model
+    in inference mode, with any ``metrics`` given to :meth:`compile`. Those metrics need the
+    predictions, which the training step does not keep, so ``fit`` reports them for validation
+    data only. Sample weights are not supported.
     """
 
     def __init__(self, step: CompiledStep, **kwargs: Any):
@@ -283,9 +289,10 @@ class RematModel(keras.Model):
 
     @property
     def metrics(self):
-        # The documented Keras idiom for a custom train_step: fit reports (and resets each epoch)
-        # the metrics listed here.
-        return [self.loss_tracker]
+        # The documented Keras idiom for a custom train_step: fit and evaluate report (and reset
+        # each epoch) the metrics listed here. Keras' own loss tracker (also named "loss") is left
+        # out: the steps below update this one.
+        return [self.loss_tracker] + [m for m in super().metrics if m.name != "loss"]
 
     def call(self, inputs, training=False):
         return self.inner(inputs, training=training)
@@ -293,11 +300,20 @@ class RematModel(keras.Model):
     def compile(self, *args: Any, **kwargs: Any):
         # XLA would re-schedule the step and undo the plan's order.
         kwargs["jit_compile"] = False
+        if args:
+            raise InvalidArgumentError("RematModel.compile takes keyword arguments only")
         kwargs.setdefault("optimizer", self.step.optimizer)
         if kwargs["optimizer"] is not self.step.optimizer:
             raise InvalidArgumentError("RematModel trains with the optimizer given to checkmate.tf2.compile; "
                                        "pass that one (or none) to compile()")
-        return super().compile(*args, **kwargs)
+        loss = kwargs.pop("loss", None)
+        if loss is not None and loss is not self.step.loss and loss != self.step.loss:
+            raise InvalidArgumentError("RematModel trains and evaluates with the loss given to "
+                                       "checkmate.tf2.compile; pass that one (or none) to compile()")
+        for option in ("loss_weights", "weighted_metrics"):
+            if kwargs.get(option) is not None:
+                raise InvalidArgumentError(f"RematModel.compile does not support {option}")
+        return super().compile(**kwargs)
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -308,6 +324,14 @@ class RematModel(keras.Model):
         loss = self.step.train_flat(*flat)
         self.loss_tracker.update_state(loss)
         return {"loss": self.loss_tracker.result()}
+
+    def test_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if sample_weight is not None:
+            raise InvalidArgumentError("evaluating the compiled step's loss does not take sample weights")
+        pred = self.inner(x, training=False)
+        self.loss_tracker.update_state(training_loss(self.inner, self.step.loss, y, pred))
+        return self.compute_metrics(x, y, pred)
 
     def make_train_function(self, force: bool = False):
         super().make_train_function(force)
@@ -377,8 +401,6 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
     before any step runs when nothing fits.
     """
-    from checkmate.tf2.lowering import lower
-
     lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
                     cost_model=cost_model)
     return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
@@ -541,7 +563,6 @@ def cli_compile(args: Any) -> int:
     """``checkmate compile``: lower a zoo model, profile, solve, generate, run and report per strategy."""
     from checkmate.cli import _stdout_to_stderr
     from checkmate.tf2 import zoo
-    from checkmate.tf2.lowering import lower
 
     strategies = ([s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy
                   else list(DEFAULT_CLI_STRATEGIES))

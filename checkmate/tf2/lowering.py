@@ -223,6 +223,16 @@ def _scalar_loss(value: Any) -> tf.Tensor:
     return value
 
 
+def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
+    """The scalar that the lowered step differentiates: ``loss(y, pred)`` (its mean if it is not a
+    scalar) plus the model's own losses (regularizers, ``add_loss``)."""
+    value = _scalar_loss(_resolve_loss(loss)(y, pred))
+    extra = list(getattr(model, "losses", []) or [])
+    if extra:
+        value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
+    return value
+
+
 def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> TracedStep:
     """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges."""
     input_spec = _as_specs(input_spec, "input_spec")
@@ -241,10 +251,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
         with tf.GradientTape() as tape:
             pred = model(x, training=True)
             marks["loss_start"] = _compat.current_graph_op_count()
-            value = _scalar_loss(loss_fn(y, pred))
-            extra = list(getattr(model, "losses", []) or [])
-            if extra:
-                value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
+            value = training_loss(model, loss_fn, y, pred)
         marks["grad_start"] = _compat.current_graph_op_count()
         grads = tape.gradient(value, list(variables))
         # A variable the loss does not use (an output head the loss ignores) gets a constant zero

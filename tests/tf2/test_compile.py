@@ -206,6 +206,37 @@ def test_fit_rejects_a_batch_of_another_size():
         trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
 
 
+def test_evaluate_and_validation_report_the_step_loss_and_metrics():
+    """evaluate (and fit's validation) computes the compiled loss on the model in inference mode, with
+    the metrics given to compile(), as Keras' own evaluate does."""
+    model, other, loss, xs, ys = twin("residual_cnn", batch=4, size=8, filters=4, blocks=1)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, *xs.shape[1:])).astype("float32")
+    y = rng.integers(0, 10, size=(8,)).astype("int32")
+    step = checkmate.tf2.compile(other, loss, keras.optimizers.SGD(0.05), xs, ys, budget="100%",
+                                 strategy="checkpoint_all")
+    trainer = step.keras_model()
+    trainer.compile(metrics=["accuracy"])
+    model.compile(loss=loss, metrics=["accuracy"])
+    got = trainer.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    want = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    assert set(got) == set(want) == {"loss", "accuracy"}
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5)
+    assert got["loss"] > 0
+
+    history = trainer.fit(x, y, batch_size=4, epochs=1, verbose=0, validation_data=(x, y)).history
+    assert {"loss", "val_loss", "val_accuracy"} <= set(history)
+    # validation ran after the epoch's updates: the trained weights, not the ones evaluated above
+    trained = trainer.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
+    assert trained["loss"] != got["loss"]
+    np.testing.assert_allclose(history["val_loss"][0], trained["loss"], rtol=1e-5)
+    np.testing.assert_allclose(history["val_accuracy"][0], trained["accuracy"], rtol=1e-5)
+
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="loss given to checkmate.tf2.compile"):
+        trainer.compile(loss="mse")
+
+
 # ------------------------------------------------------------------------------------------ budgets
 def test_infeasible_budget_raises_with_the_minimum_before_training():
     """Issue 5e: a budget below the minimum feasible one raises InfeasibleBudgetError carrying the
