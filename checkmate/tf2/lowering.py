@@ -239,7 +239,13 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
     label_spec = _as_specs(label_spec, "label_spec")
     loss_fn = _resolve_loss(loss)
     if not getattr(model, "built", True):
-        model.build(tf.nest.map_structure(lambda s: s.shape, input_spec))
+        # Calling the model creates its variables; build(shape) does not for a subclassed model without
+        # a build() of its own. One sample in inference mode: no state (BatchNorm, dropout seed) moves.
+        def one_sample(spec):
+            shape = spec.shape.as_list()
+            return tf.zeros(shape[:1] and [1] + shape[1:], spec.dtype)
+
+        model(tf.nest.map_structure(one_sample, input_spec), training=False)
     variables = tuple(model.trainable_variables)
     if not variables:
         raise InvalidArgumentError("the model has no trainable variables: there is no gradient to lower")

@@ -608,6 +608,15 @@ def test_sequential_and_subclassed_models():
     assert lg.graph.names == ("first", "second", "loss", "loss_grad", "second_grad:params", "second_grad",
                               "first_grad:params")
 
+    # models that were never called: lowering builds them (subclassed: build(shape) creates nothing)
+    for fresh in (Net(), keras.Sequential([keras.layers.Dense(5, activation="relu", name="first"),
+                                           keras.layers.Dense(3, name="second")])):
+        assert not fresh.built
+        lg = lower(fresh, XENT, *specs((8,)), level="layer")
+        assert_contract(lg)
+        assert lg.graph.names == ("first", "second", "loss", "loss_grad", "second_grad", "first_grad")
+        assert len(lg.variables) == 4
+
 
 @pytest.mark.parametrize("batch,size", [(2, 32), (32, 128)])
 def test_vgg16_layer_level_rematerialization_lowers_the_peak(batch, size):
