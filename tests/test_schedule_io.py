@@ -52,3 +52,10 @@ def test_parse_budget_forms():
             parse_budget(bad, g)
     with pytest.raises(InvalidBudgetError, match="needs a graph"):
         parse_budget("50%")
+    # a fraction is not a byte count: the error suggests the percentage
+    for fraction in [0.7, "0.7"]:
+        with pytest.raises(InvalidBudgetError, match="less than one byte.*'70%'"):
+            parse_budget(fraction, g)
+    with pytest.raises(InvalidBudgetError, match="less than one byte$"):
+        parse_budget("0.0001KB", g)
+    assert parse_budget("0.5KiB") == 512 and parse_budget(1.9) == 1

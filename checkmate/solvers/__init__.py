@@ -144,6 +144,8 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
         value = float(budget)
         if not math.isfinite(value) or value <= 0:
             raise InvalidBudgetError(f"budget must be a positive number of bytes, got {budget!r}")
+        if value < 1:
+            raise _less_than_a_byte(budget, value)
         return int(value)
     if not isinstance(budget, str):
         raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
@@ -161,7 +163,17 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
     if unit not in _UNITS:
         raise InvalidBudgetError(f"unknown unit {match.group(2)!r} in budget {budget!r} "
                                  "(use B, KB, MB, GB, KiB, MiB, GiB or %)")
+    if number * _UNITS[unit] < 1:
+        raise _less_than_a_byte(budget, number if unit == "" else None)
     return math.floor(number * _UNITS[unit])
+
+
+def _less_than_a_byte(budget: Any, number: Any) -> InvalidBudgetError:
+    message = f"budget {budget!r} is less than one byte"
+    if number is not None:
+        # a bare 0.6 is more likely meant as a fraction of the checkpoint-all peak than as 0.6 bytes
+        message += f"; for a fraction of the checkpoint-all peak give a percentage, e.g. '{float(number) * 100:g}%'"
+    return InvalidBudgetError(message)
 
 
 def format_bytes(num: float | None) -> str:
