@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tensorflow as tf
 
-from checkmate.errors import InvalidGraphError, InvalidScheduleError
+from checkmate.errors import InvalidArgumentError, InvalidGraphError, InvalidScheduleError
 from checkmate.schedule import Schedule
 from checkmate.simulate import replay_plan, simulate
 from checkmate.tf2 import _compat
@@ -300,10 +300,23 @@ class RematFunction:
         return self._specs
 
     def flat_args(self, x: Any, y: Any) -> list:
+        """``x`` and ``y`` flattened, checked against the compiled shapes (and tensors' dtypes) where
+        they are known (symbolic tensors of unknown batch size pass; the function's signature checks
+        them)."""
         flat = list(tf.nest.flatten(x)) + list(tf.nest.flatten(y))
         if len(flat) != len(self._specs):
-            raise ValueError(f"the step takes {self._n_inputs} input and {len(self._specs) - self._n_inputs} label "
-                             f"tensor(s); got {len(flat)} in all")
+            raise InvalidArgumentError(f"the step takes {self._n_inputs} input and "
+                                       f"{len(self._specs) - self._n_inputs} label tensor(s); got {len(flat)} in all")
+        for k, (value, spec) in enumerate(zip(flat, self._specs)):
+            what = f"input {k}" if k < self._n_inputs else f"label {k - self._n_inputs}"
+            shape = tf.TensorShape(value.shape if hasattr(value, "shape") else np.shape(value))
+            if not shape.is_compatible_with(spec.shape):
+                raise InvalidArgumentError(f"{what} has shape {shape}; the step was compiled for {spec.shape} "
+                                           "(the batch size is part of the compiled plan)")
+            # NumPy arrays and Python values are converted to the compiled dtype by TF; tensors are not
+            if tf.is_tensor(value) and value.dtype != spec.dtype:
+                raise InvalidArgumentError(f"{what} has dtype {value.dtype.name}; the step was compiled "
+                                           f"for {spec.dtype.name}")
         return flat
 
     @property

@@ -206,6 +206,24 @@ def test_fit_rejects_a_batch_of_another_size():
         trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
 
 
+
+def test_calls_with_another_batch_size_or_dtype_name_the_compiled_spec():
+    model, loss, xs, ys = mlp_model(batch=32, width=64, depth=2)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget="100%",
+                                 strategy="checkpoint_all")
+    x, y = batch_for(xs, ys, 10)
+    for call in (step, step.gradients, step.plain_gradients):
+        with pytest.raises(checkmate.errors.InvalidArgumentError, match=r"input 0 has shape \(16, 64\).*\(32, 64\)"):
+            call(x[:16], y[:16])
+        with pytest.raises(checkmate.errors.InvalidArgumentError, match="label 0 has dtype int64.*int32"):
+            call(x, tf.cast(y, tf.int64))
+        with pytest.raises(checkmate.errors.InvalidArgumentError, match="1 input and 1 label"):
+            call((x, x), y)
+    # NumPy values are converted by TF, as for any tf.function
+    loss_value, grads = step.gradients(x.numpy(), y.numpy().astype("int64"))
+    assert loss_value.shape == () and len(grads) == len(model.trainable_variables)
+
+
 def test_evaluate_and_validation_report_the_step_loss_and_metrics():
     """evaluate (and fit's validation) computes the compiled loss on the model in inference mode, with
     the metrics given to compile(), as Keras' own evaluate does."""
