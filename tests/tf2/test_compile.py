@@ -16,7 +16,7 @@ from checkmate.cli import main as cli_main  # noqa: E402
 from checkmate.errors import InfeasibleBudgetError  # noqa: E402
 from checkmate.simulate import simulate  # noqa: E402
 from checkmate.solvers import checkpoint_all_peak  # noqa: E402
-from checkmate.tf2.memory import measure_peak_memory  # noqa: E402
+from checkmate.tf2.memory import default_device, measure_peak_memory  # noqa: E402
 from isolation import ran_in_fresh_process  # noqa: E402
 from test_codegen import MODELS, SOLVE_OPTIONS, STRATEGY, assert_close_relative, batch_for, mlp_model  # noqa: E402
 
@@ -300,7 +300,9 @@ def test_cli_compile_json(capsys):
     for row in ok:
         assert row["predicted_peak_bytes"] > 0 and row["measured_peak_bytes"] >= 0
         assert row["predicted_overhead"] >= 1.0
-        assert row["max_grad_rel_diff"] <= 1e-5
+        # against the plain step run with Grappler off, as the compiled step is: on CPU the same
+        # kernels on the same values give the same bits (GPU kernels may accumulate in another order)
+        assert row["max_grad_rel_diff"] <= (0.0 if default_device().startswith("CPU") else 1e-5)
         assert row["step_seconds"] > 0
     assert report["plain"]["measured_peak_bytes"] > 0
     assert report["gradient_nodes"] and report["accounting"].startswith("gradient nodes")
