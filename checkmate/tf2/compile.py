@@ -325,6 +325,27 @@ class RematModel(keras.Model):
         self.loss_tracker.update_state(loss)
         return {"loss": self.loss_tracker.result()}
 
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
+        """``keras.Model.fit``; with arrays, ``batch_size`` defaults to the compiled batch size, and
+        a sample count that does not split into whole batches is refused before training starts
+        (the last batch would not fit the compiled step; drop or pad the remainder)."""
+        batch = int(self.step.input_specs[0].shape[0])
+        first = tf.nest.flatten(x)[0] if x is not None else None
+        shape = getattr(first, "shape", None)
+        if shape is not None and len(shape) > 0:     # arrays and tensors, not datasets or generators
+            if batch_size is None:
+                batch_size = batch
+            if batch_size != batch:
+                raise InvalidArgumentError(f"batch_size={batch_size}: the step was compiled for batches of {batch}")
+            samples = int(shape[0])
+            split = kwargs.get("validation_split") or 0.0
+            train = int(math.floor(samples * (1.0 - split)))
+            if train % batch:
+                raise InvalidArgumentError(
+                    f"{train} training samples do not split into batches of {batch} (the compiled batch size): "
+                    f"drop or pad the last {train % batch}")
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
+
     def test_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if sample_weight is not None:

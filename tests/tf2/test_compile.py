@@ -202,8 +202,22 @@ def test_fit_rejects_a_batch_of_another_size():
     trainer = step.keras_model()
     x = np.zeros((48, 64), "float32")
     y = np.zeros((48,), "int32")
+    before = [v.numpy() for v in model.variables]
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="48 training samples.*batches of 32.*last 16"):
+        trainer.fit(x, y, epochs=1, verbose=0)
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="batch_size=16.*batches of 32"):
+        trainer.fit(x[:32], y[:32], batch_size=16, epochs=1, verbose=0)
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="38 training samples"):
+        trainer.fit(x, y, epochs=1, verbose=0, validation_split=0.2)
+    for a, b in zip(before, model.variables):
+        np.testing.assert_array_equal(a, b.numpy())
+    # arrays: batch_size defaults to the compiled one
+    history = trainer.fit(np.zeros((64, 64), "float32"), np.zeros((64,), "int32"), epochs=1, verbose=0)
+    assert int(step.optimizer.iterations.numpy()) == 2 and len(history.history["loss"]) == 1
+    # a dataset whose last batch is short fails at that batch, on the compiled shape
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
     with pytest.raises(Exception, match="(?i)shape"):
-        trainer.fit(x, y, batch_size=32, epochs=1, verbose=0)
+        trainer.fit(data, epochs=1, verbose=0, shuffle=False)
 
 
 
