@@ -400,7 +400,10 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     Parameters
     ----------
     model, loss, optimizer:
-        A built Keras model, ``loss(y_true, y_pred)`` (or a Keras loss name), a Keras optimizer.
+        A Keras model (one that was never called is built by calling it once on a zero sample), a
+        Keras optimizer and ``loss(y_true, y_pred)`` or a Keras loss name; for several outputs also
+        a list of losses (``None`` for an output without one) or a dict keyed by output names,
+        summed as ``keras.Model.compile`` sums them. The model's own losses (regularizers) are added.
     input_spec, label_spec:
         ``tf.TensorSpec`` (or nests) with fixed shapes, batch dimension included.
     budget:

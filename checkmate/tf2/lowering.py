@@ -205,15 +205,51 @@ def _as_specs(spec: Any, what: str) -> Any:
     return tf.nest.map_structure(convert, spec)
 
 
-def _resolve_loss(loss: Any) -> Callable:
+def _resolve_loss(loss: Any, model: Any = None) -> Callable:
+    """A callable ``loss(y, pred)``: a callable or a Keras loss name as given; for a model with several
+    outputs, a list of losses (one per output, ``None`` for an output without one) or a dict from
+    output names to losses, whose scalar values are summed as in ``keras.Model.compile``."""
     if callable(loss):
         return loss
+    if isinstance(loss, (list, tuple, dict)):
+        return _per_output_loss(loss, model)
     try:
         import keras
 
         return keras.losses.get(loss)
     except (ValueError, TypeError) as exc:
         raise InvalidArgumentError(f"unknown loss {loss!r}: {exc}") from None
+
+
+def _per_output_loss(losses: Any, model: Any) -> Callable:
+    names = list(getattr(model, "output_names", None) or [])
+    if isinstance(losses, dict):
+        unknown = sorted(set(losses) - set(names))
+        if unknown:
+            raise InvalidArgumentError(f"loss names {unknown} are not outputs of the model (outputs: {names})")
+        entries = [(names.index(key), key, fn) for key, fn in losses.items()]
+    else:
+        if names and len(losses) != len(names):
+            raise InvalidArgumentError(f"{len(losses)} losses for a model with {len(names)} outputs {names}")
+        entries = [(k, names[k] if k < len(names) else None, fn) for k, fn in enumerate(losses)]
+    entries = [(k, key, _resolve_loss(fn)) for k, key, fn in entries if fn is not None]
+    if not entries:
+        raise InvalidArgumentError("every output's loss is None: there is nothing to differentiate")
+
+    def pick(values: Any, index: int, key: str | None, what: str) -> Any:
+        if isinstance(values, dict):
+            if key not in values:
+                raise InvalidArgumentError(f"{what} has no entry for output {key!r} (keys: {sorted(values)})")
+            return values[key]
+        if isinstance(values, (list, tuple)):
+            return values[index]
+        raise InvalidArgumentError(f"a loss per output needs {what} as a list or dict, one entry per output")
+
+    def combined(y: Any, pred: Any) -> tf.Tensor:
+        return tf.add_n([_scalar_loss(fn(pick(y, k, key, "the labels"), pick(pred, k, key, "the model's output")))
+                         for k, key, fn in entries])
+
+    return combined
 
 
 def _scalar_loss(value: Any) -> tf.Tensor:
@@ -226,7 +262,7 @@ def _scalar_loss(value: Any) -> tf.Tensor:
 def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
     """The scalar that the lowered step differentiates: ``loss(y, pred)`` (its mean if it is not a
     scalar) plus the model's own losses (regularizers, ``add_loss``)."""
-    value = _scalar_loss(_resolve_loss(loss)(y, pred))
+    value = _scalar_loss(_resolve_loss(loss, model)(y, pred))
     extra = list(getattr(model, "losses", []) or [])
     if extra:
         value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
@@ -237,7 +273,6 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
     """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges."""
     input_spec = _as_specs(input_spec, "input_spec")
     label_spec = _as_specs(label_spec, "label_spec")
-    loss_fn = _resolve_loss(loss)
     if not getattr(model, "built", True):
         # Calling the model creates its variables; build(shape) does not for a subclassed model without
         # a build() of its own. One sample in inference mode: no state (BatchNorm, dropout seed) moves.
@@ -249,6 +284,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
     variables = tuple(model.trainable_variables)
     if not variables:
         raise InvalidArgumentError("the model has no trainable variables: there is no gradient to lower")
+    loss_fn = _resolve_loss(loss, model)
     marks: dict[str, Any] = {}
     calls: list[tuple[str, int, int]] = []
 

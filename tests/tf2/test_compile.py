@@ -87,6 +87,53 @@ def test_predicted_step_peak_in_both_accountings(gradient_nodes):
 
 
 @pytest.mark.parametrize("budget", [10 * 2**30, "2GiB", "auto"])
+def two_output_model():
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((16,), name="features")
+    h = keras.layers.Dense(32, activation="relu", name="trunk")(inp)
+    classes = keras.layers.Dense(5, name="classes")(h)
+    score = keras.layers.Dense(1, name="score")(h)
+    return keras.Model(inp, [classes, score])
+
+
+@pytest.mark.parametrize("form", ["list", "dict", "dict_labels", "one_output"])
+def test_a_loss_per_output(form):
+    """Several outputs: a list of losses or a dict keyed by output names, summed as keras.Model.compile
+    sums them; the labels as a list or a dict."""
+    model = two_output_model()
+    xent = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    loss = {"list": [xent, "mse"], "dict": {"classes": xent, "score": "mse"},
+            "dict_labels": {"classes": xent, "score": "mse"}, "one_output": [None, "mse"]}[form]
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((8, 16)), tf.float32)
+    labels = [tf.constant(rng.integers(0, 5, size=(8,)), tf.int32), tf.constant(rng.standard_normal((8, 1)), tf.float32)]
+    y = dict(zip(["classes", "score"], labels)) if form == "dict_labels" else labels
+    y_spec = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype), y)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), tf.TensorSpec((8, 16)), y_spec,
+                                 budget="100%", strategy="checkpoint_last_node")
+    got_loss, got = step.gradients(x, y)
+    with tf.GradientTape() as tape:
+        pred = model(x, training=True)
+        want_loss = keras.losses.MeanSquaredError()(labels[1], pred[1])
+        if form != "one_output":
+            want_loss += xent(labels[0], pred[0])
+    want = tape.gradient(want_loss, model.trainable_variables)
+    assert_close_relative(got_loss, want_loss)
+    for g, w, v in zip(got, want, model.trainable_variables):
+        assert_close_relative(g, np.zeros(v.shape) if w is None else w)
+
+
+def test_a_loss_per_output_errors():
+    model = two_output_model()
+    specs = (tf.TensorSpec((8, 16)), [tf.TensorSpec((8,), tf.int32), tf.TensorSpec((8, 1))])
+    for loss, match in [(["mse"], "1 losses for a model with 2 outputs"),
+                        ({"class": "mse"}, r"loss names \['class'\] are not outputs"),
+                        ([None, None], "every output's loss is None")]:
+        with pytest.raises(checkmate.errors.InvalidArgumentError, match=match):
+            checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), *specs, budget="100%",
+                                  strategy="checkpoint_all")
+
+
 def test_budget_forms(budget):
     model, loss, xs, ys = mlp_model(batch=64, width=64, depth=2)
     step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget=budget,
