@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--steps", type=_positive_int, default=3, help="training steps to run and time")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_lazy("checkmate.tf2.compile", "cli_compile", tensorflow=True))
+    p.set_defaults(handler=_lazy("checkmate.tf2.compile", "cli_compile", tensorflow=True, counts_memory=True))
 
     p = sub.add_parser("sweep", help="every strategy over a grid of budgets: CSV + plot")
     p.add_argument("graph", nargs="?", metavar="GRAPH.json")
@@ -144,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--input-shape", type=_shape, default=None, metavar="H,W,C")
     p.add_argument("--time-limit", type=_positive_float, default=None, metavar="S")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(handler=_lazy("checkmate.analysis.max_batch", "cli_max_batch", tensorflow=True))
+    p.set_defaults(handler=_lazy("checkmate.analysis.max_batch", "cli_max_batch", tensorflow=True,
+                                 counts_memory=True))
 
     p = sub.add_parser("plot", help="draw a schedule's R/S matrices and memory curve")
     p.add_argument("schedule", metavar="SCHEDULE.json")
@@ -154,11 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _lazy(module: str, func: str, *, tensorflow: bool | Callable[[argparse.Namespace], bool] = False
-          ) -> Callable[[argparse.Namespace], int]:
+def _lazy(module: str, func: str, *, tensorflow: bool | Callable[[argparse.Namespace], bool] = False,
+          counts_memory: bool = False) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
         import importlib
 
+        if counts_memory and "tensorflow" not in sys.modules:
+            # Commands that measure peaks: TF's default CPU allocator leaves allocations under 256 KiB
+            # uncounted; its BFC allocator counts every one. Read once, when TF starts; a value the
+            # user set is kept.
+            os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
         if tensorflow is True or (callable(tensorflow) and tensorflow(args)):
             _import_tensorflow_quietly()
         return getattr(importlib.import_module(module), func)(args)

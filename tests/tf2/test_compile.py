@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -367,6 +370,21 @@ def test_cli_compile_json(capsys):
         assert row["step_seconds"] > 0
     assert report["plain"]["measured_peak_bytes"] > 0
     assert report["gradient_nodes"] and report["accounting"].startswith("gradient nodes")
+
+
+def test_cli_compile_counts_every_cpu_allocation():
+    """In its own process, `checkmate compile` starts TF with the BFC allocator on CPU, which counts
+    allocations under 256 KiB too: no allocator caveat, and measured peaks above zero for this small
+    MLP, none of whose tensors the default allocator counts (it reports 0 for both steps)."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    proc = subprocess.run([sys.executable, "-m", "checkmate", "compile", "--model", "mlp", "--batch-size", "8",
+                           "--budget", "100%", "--strategy", "checkpoint_all", "--steps", "1", "--json"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["device"].startswith("CPU") and report["allocator_note"] is None
+    assert report["plain"]["measured_peak_bytes"] > 0
+    assert report["rows"][0]["measured_peak_bytes"] > 0
 
 
 def test_cli_compile_table(capsys):
