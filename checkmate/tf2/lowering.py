@@ -48,7 +48,11 @@ tensors it produces that are used outside it (by other nodes, or as step outputs
 accounting parameter gradients excepted, see below); tensors consumed only inside the node, or
 otherwise only by dead ops, are transient. Their extra peak while the node runs is reported per node
 in ``metadata["workspace_bytes"]`` (so ``mem + workspace`` is the node's peak footprint on top of
-``fixed_mem``).
+``fixed_mem``). A view (``Reshape``, ``Squeeze``, ``ExpandDims``, ``Identity``, ...) of a tensor
+of the same node shares that tensor's buffer in TF, so the two count once (the backward of a Dense
+layer on 3-D input can pass both a gradient sum and a ``Reshape`` of it to other nodes), and a view
+of the batch, which is resident in ``fixed_mem``, counts nothing (a Dense layer on 3-D input
+reshapes its input).
 
 Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
 computation to the end of the step (DESIGN §3), and a node's value is all of its ``mem``. At op level
@@ -884,6 +888,11 @@ def _merge_cycles(groups: list[_Group], infos: Sequence[OpInfo]) -> list[_Group]
 
 
 # ------------------------------------------------------------------------------------------ graph
+# Ops whose output is their first input's buffer under another shape (TF forwards the buffer).
+_VIEW_OPS = frozenset({"Reshape", "Squeeze", "ExpandDims", "Identity", "StopGradient", "PreventGradient",
+                       "EnsureShape"})
+
+
 def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_tensors: set[str],
               dead_ops: frozenset[str] = frozenset(), resident_tensors: frozenset[str] = frozenset()
               ) -> tuple[int, int]:
@@ -897,29 +906,45 @@ def _node_mem(group_ops: list[int], infos: Sequence[OpInfo], level: str, output_
     if level == "op":
         return sum(infos[i].bytes for i in group_ops), 0
     members = {infos[i].op.name for i in group_ops}
-    external = 0
-    last_use: dict[str, int] = {}
     position = {infos[i].op.name: p for p, i in enumerate(group_ops)}
+    size = {t.name: infos[i].out_bytes[k] for i in group_ops for k, t in enumerate(infos[i].op.outputs)}
+    # A view of a tensor of this node is the same buffer: count the buffer once, at its producer, alive
+    # until the last use of any of its views. A view of the batch costs nothing.
+    buffer: dict[str, str] = {}
+    for i in group_ops:
+        op = infos[i].op
+        for t in op.outputs:
+            source = op.inputs[0] if op.type in _VIEW_OPS and len(op.inputs) > 0 else None
+            if source is not None and source.op.type == "Placeholder":
+                # a view of the batch, which is resident in fixed_mem
+                buffer[t.name] = source.name
+                size[source.name] = 0
+            elif source is not None and source.name in buffer and size[source.name] == size[t.name]:
+                buffer[t.name] = buffer[source.name]
+            else:
+                buffer[t.name] = t.name
+    last_use: dict[str, int] = {}
     keep: set[str] = set()
     for i in group_ops:
-        for k, t in enumerate(infos[i].op.outputs):
+        for t in infos[i].op.outputs:
             if t.name in resident_tensors:
                 continue
+            root = buffer[t.name]
             users = [c.name for c in t.consumers() if c.name not in dead_ops]
             if t.name in output_tensors or any(u not in members for u in users):
-                external += infos[i].out_bytes[k]
-                keep.add(t.name)
+                keep.add(root)
             inside = [position[u] for u in users if u in members]
-            last_use[t.name] = max(inside, default=position[infos[i].op.name])
-    # Peak of the node's own tensors while it runs, freeing internal tensors after their last use.
+            last_use[root] = max(last_use.get(root, 0), *inside, position[infos[i].op.name])
+    external = sum(size[root] for root in keep)
+    # Peak of the node's own tensors while it runs, freeing internal buffers after their last use.
     live: dict[str, int] = {}
     peak = 0
     for p, i in enumerate(group_ops):
-        for k, t in enumerate(infos[i].op.outputs):
-            if t.name not in resident_tensors:
-                live[t.name] = infos[i].out_bytes[k]
+        for t in infos[i].op.outputs:
+            if t.name not in resident_tensors and buffer[t.name] == t.name:
+                live[t.name] = size[t.name]
         peak = max(peak, sum(live.values()))
-        for name in [n for n in live if n not in keep and last_use[n] <= p]:
+        for name in [n for n in live if n not in keep and last_use.get(n, p) <= p]:
             del live[name]
     return external, max(0, peak - external)
 

@@ -389,6 +389,44 @@ def test_gradient_nodes_mem_counts_tensors_used_outside_the_node():
     assert g.mem.sum() < lower_mlp(level="op").graph.mem.sum()
 
 
+@pytest.mark.parametrize("gradient_nodes", [False, True])
+def test_views_share_their_buffer(gradient_nodes):
+    """Dense layers on 3-D input go through Reshape (Tensordot), which TF runs as a view of its input:
+    a view of the batch costs nothing, and a node passing on a tensor and a view of it holds one
+    buffer."""
+    from checkmate.tf2 import zoo
+
+    seq, dim, ff = 16, 32, 64
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((seq, dim))
+    h = keras.layers.Dense(ff, activation="relu", name="first")(inp)
+    out = keras.layers.Dense(3, name="logits")(keras.layers.GlobalAveragePooling1D(name="pool")(h))
+    lg = lower(keras.Model(inp, out), XENT, *specs((seq, dim)), level="layer", gradient_nodes=gradient_nodes)
+    g, fn_graph = lg.graph, lg.function.graph
+    first = g.names.index("first")
+    assert any(op.type == "Reshape" and op.inputs[0].op.type == "Placeholder"
+               for op in map(fn_graph.get_operation_by_name, lg.node_ops[first]))
+    # its value is its output only (BATCH x seq x ff), not the reshaped batch as well
+    assert g.mem[first] == BATCH * seq * ff * 4
+
+    if not gradient_nodes:
+        return   # in the compact graph the Reshape below feeds the weight gradient inside the node
+    built = zoo.build_model("transformer", BATCH, (seq, dim))
+    lg = lower(built.model, built.loss, built.input_spec, built.label_spec, level="layer", gradient_nodes=True)
+    g, fn_graph = lg.graph, lg.function.graph
+    ops = {name: fn_graph.get_operation_by_name(name) for names in lg.node_ops for name in names}
+    # its backward passes on the gradient sum and a Reshape of it: one buffer of BATCH x seq x ff
+    node = g.names.index("ff1_grad")
+    members = set(lg.node_ops[node])
+    passed = [t for o in lg.node_ops[node] for t in ops[o].outputs
+              if any(c.name not in members for c in t.consumers())]
+    passed_names = {t.name for t in passed}
+    views = [t for t in passed if t.op.type == "Reshape" and t.op.inputs[0].name in passed_names]
+    assert views and all(t.shape.num_elements() == BATCH * seq * ff for t in views)
+    sizes = sum(t.shape.num_elements() * t.dtype.size for t in passed)
+    assert g.mem[node] == sizes - sum(t.shape.num_elements() * t.dtype.size for t in views)
+
+
 @pytest.mark.parametrize("build,shape,classes_dtype", PARAMETER_MODELS)
 def test_gradient_nodes_fixed_mem_holds_parameters_and_batch_gradients_are_outputs(build, shape, classes_dtype):
     model = build()
