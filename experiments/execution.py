@@ -14,7 +14,7 @@ so that weight-heavy models get the same spread of budgets as activation-heavy o
 
 Writes experiments/results/execution_<device>.csv and .png. Runs unchanged on a GPU.
 
-    python experiments/execution.py                        # the default grid (~15 min on 2 CPU cores)
+    python experiments/execution.py                        # the default grid (~20 min on 2 CPU cores)
     python experiments/execution.py --models mlp --budgets 0.5,1.0 --strategies checkpoint_all,checkmate_milp
 """
 
@@ -41,6 +41,7 @@ DEFAULT_MODELS = {
     "mlp": (8192, (64,)),
     "residual_cnn": (16, (64, 64, 3)),
     "unet": (2, (128, 128, 3)),
+    "transformer": (8, (128, 64)),
 }
 DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn", "checkmate_lp_rounding",
                       "checkmate_milp")

@@ -42,13 +42,13 @@ measured 0.89-1.06 for the MILP, LP rounding, Griewank and Chen schedules. In an
 the same MLP, whose schedule kept three 1 MiB activations in 1.5 MiB chunks between the weight
 gradients, the allocator counted 8.5 MiB for 7.02 MiB of live tensors (1.20).
 
-A wider sweep, in the same way (fresh processes, the default allocator, tensors mostly of 256 KiB and
-more), over 26 MLPs, plain and residual CNNs, U-Nets and transformer blocks at 50-70% for the four
-strategies above: measured/predicted 0.85-1.14 on all but two. A small CNN whose ReluGrads run in
-place (one 256 KiB buffer of a six-activation peak) measured 0.81; an MLP measured 1.05, 1.13 and
-1.17 in three processes for the same schedule (chunk rounding, the live tensors at 0.99 of the
-prediction). The transformer blocks measured 0.73-0.91 before views (``Reshape`` of a tensor of the
-same node, of the batch) counted once at layer level, and 0.86-1.03 since.
+experiments/execution.py (experiments/results/execution_cpu.csv, BFC allocator) measured 0.75-1.00
+on its MLP, 0.89-1.00 on its residual CNN and 0.98-1.06 on its U-Net. On its transformer block most
+schedules that recompute measured above the plan, by up to 2.1 MiB (1.25-1.49): the attention layer
+allocates inside its node what a layer-level node's value does not show (its 1 MiB score tensors
+and the einsums' temporaries; not traced further). The op-level graph, whose nodes are single ops,
+plans those tensors: ``python experiments/execution.py --models transformer --level op`` measured
+0.96-1.23.
 """
 
 from __future__ import annotations
