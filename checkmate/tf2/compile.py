@@ -297,16 +297,13 @@ class RematModel(keras.Model):
     def call(self, inputs, training=False):
         return self.inner(inputs, training=training)
 
-    def compile(self, *args: Any, **kwargs: Any):
+    def compile(self, optimizer: Any = None, loss: Any = None, **kwargs: Any):
         # XLA would re-schedule the step and undo the plan's order.
         kwargs["jit_compile"] = False
-        if args:
-            raise InvalidArgumentError("RematModel.compile takes keyword arguments only")
-        kwargs.setdefault("optimizer", self.step.optimizer)
-        if kwargs["optimizer"] is not self.step.optimizer:
+        if optimizer is not None and optimizer is not self.step.optimizer:
             raise InvalidArgumentError("RematModel trains with the optimizer given to checkmate.tf2.compile; "
                                        "pass that one (or none) to compile()")
-        loss = kwargs.pop("loss", None)
+        kwargs["optimizer"] = self.step.optimizer
         if loss is not None and loss is not self.step.loss and loss != self.step.loss:
             raise InvalidArgumentError("RematModel trains and evaluates with the loss given to "
                                        "checkmate.tf2.compile; pass that one (or none) to compile()")

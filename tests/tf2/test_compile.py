@@ -298,7 +298,8 @@ def test_evaluate_and_validation_report_the_step_loss_and_metrics():
     step = checkmate.tf2.compile(other, loss, keras.optimizers.SGD(0.05), xs, ys, budget="100%",
                                  strategy="checkpoint_all")
     trainer = step.keras_model()
-    trainer.compile(metrics=["accuracy"])
+    # Keras' positional form, with the step's own optimizer and loss (the only ones it accepts)
+    trainer.compile(step.optimizer, loss, metrics=["accuracy"])
     model.compile(loss=loss, metrics=["accuracy"])
     got = trainer.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
     want = model.evaluate(x, y, batch_size=4, verbose=0, return_dict=True)
@@ -317,6 +318,8 @@ def test_evaluate_and_validation_report_the_step_loss_and_metrics():
 
     with pytest.raises(checkmate.errors.InvalidArgumentError, match="loss given to checkmate.tf2.compile"):
         trainer.compile(loss="mse")
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="optimizer given to checkmate.tf2.compile"):
+        trainer.compile(keras.optimizers.SGD(0.05))
 
 
 # ------------------------------------------------------------------------------------------ budgets
