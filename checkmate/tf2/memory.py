@@ -44,11 +44,12 @@ gradients, the allocator counted 8.5 MiB for 7.02 MiB of live tensors (1.20).
 
 experiments/execution.py (experiments/results/execution_cpu.csv, BFC allocator) measured 0.75-1.00
 on its MLP, 0.89-1.00 on its residual CNN and 0.98-1.06 on its U-Net. On its transformer block most
-schedules that recompute measured above the plan, by up to 2.1 MiB (1.25-1.49): the attention layer
-allocates inside its node what a layer-level node's value does not show (its 1 MiB score tensors
-and the einsums' temporaries; not traced further). The op-level graph, whose nodes are single ops,
-plans those tensors: ``python experiments/execution.py --models transformer --level op`` measured
-0.96-1.23.
+schedules that recompute measured above the plan, by up to 2.1 MiB (1.25-1.49). TF's allocation log
+of the chen_sqrtn step shows why: the peak is inside the attention layer's backward node, whose
+transient tensors (the 1 MiB gradients of the attention scores and of the softmax) are the node's
+workspace (``metadata["workspace_bytes"]``: 1.5 MiB), which the memory model does not count. The
+op-level graph, whose nodes are single ops, plans those tensors: ``python experiments/execution.py
+--models transformer --level op`` measured 0.96-1.23.
 """
 
 from __future__ import annotations
