@@ -258,6 +258,13 @@ class CompiledStep:
             f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
             f"  solve time      {r.solve_seconds:.2f} s",
         ]
+        workspace = self.lowered.metadata.get("workspace_bytes") or ()
+        if self.lowered.level == "layer" and workspace and max(workspace) > 0:
+            # What a layer node allocates while it runs, beyond the tensors it passes on: not in the
+            # plan (see README, "measure_peak_memory"). Shown so that a large one can be weighed.
+            k = int(np.argmax(workspace))
+            lines.append(f"  workspace       up to {format_bytes(workspace[k])} inside one node ({g.names[k]}), "
+                         "not in the plan; level='op' plans it")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

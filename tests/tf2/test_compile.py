@@ -53,6 +53,10 @@ def test_compiled_step_api():
     assert "griewank_logn" in text and "overhead" in text and "predicted peak" in text
     # "auto": the compact graph of this MLP is small, so the step uses the gradient-node graph
     assert step.lowered.metadata["gradient_nodes"] and "gradient nodes" in text
+    # the largest layer-node workspace, named with its node
+    workspace = step.lowered.metadata["workspace_bytes"]
+    name = step.graph.names[int(np.argmax(workspace))]
+    assert max(workspace) > 0 and f"({name}), not in the plan" in text
     meta = step.lowered.metadata
     assert step.predicted.resident_bytes == step.predicted.fixed_bytes == meta["parameter_and_batch_bytes"]
 
