@@ -244,6 +244,41 @@ def test_variables_the_loss_does_not_use_get_zero_gradients(level):
             assert_close_relative(g, w)
 
 
+def test_layers_split_for_their_workspace_run_and_match_the_plain_step():
+    """With gradient nodes, a layer node whose new transient tensors outweigh its value and 10% of the
+    activations (the attention backward: the gradients of its score tensors) becomes one node per op;
+    layers whose transients are written in place are not split; a schedule that recomputes the split
+    graph runs with the plain step's loss and gradients."""
+    from checkmate.solvers import checkpoint_all_peak as peak_of
+    from checkmate.tf2 import zoo
+
+    built = zoo.build_model("transformer", 4, (64, 32))
+    lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level="layer",
+                    gradient_nodes=True)
+    g = lowered.graph
+    assert "attention_grad" in lowered.metadata["split_workspace_nodes"]
+    assert "attention_grad" not in g.names
+    parts = [n for n in g.names if n.startswith("attention_grad:")]
+    assert len(parts) > 5 and any(n.startswith("attention_grad:Einsum") for n in parts)
+    # the feed-forward backward (GELU's gradient, elementwise, in place) stays one node
+    assert "ff1_grad" in g.names
+    compact = lower(built.model, built.loss, built.input_spec, built.label_spec, level="layer",
+                    gradient_nodes=False)
+    assert compact.metadata["split_workspace_nodes"] == () and "attention_grad" in compact.graph.names
+    for name, build in MODELS.items():
+        model, loss, xs, ys = build()
+        assert lower(model, loss, xs, ys, level="layer", gradient_nodes=True).metadata["split_workspace_nodes"] == ()
+
+    result = solve(g, int(peak_of(g) * 0.9), strategy="chen_sqrtn")
+    assert result.schedule.recompute_count > 0
+    x, y = batch_for(built.input_spec, built.label_spec, 10)
+    fn = generate(lowered, result.schedule)
+    (got, want), _ = run_from_same_state(built.model, [fn, plain(lowered)], x, y)
+    for a, b in zip([got[0], *got[1]], [want[0], *want[1]]):
+        assert_close_relative(a, b)
+    assert sum(fn.executed_op_counts(x, y).values()) == fn.expected_op_copies()
+
+
 def test_checkpoint_all_emits_no_copies():
     model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
     lowered = lower(model, loss, xs, ys, level="op")
