@@ -42,14 +42,13 @@ measured 0.89-1.06 for the MILP, LP rounding, Griewank and Chen schedules. In an
 the same MLP, whose schedule kept three 1 MiB activations in 1.5 MiB chunks between the weight
 gradients, the allocator counted 8.5 MiB for 7.02 MiB of live tensors (1.20).
 
-experiments/execution.py (experiments/results/execution_cpu.csv, BFC allocator) measured 0.75-1.00
-on its MLP, 0.89-1.00 on its residual CNN and 0.98-1.06 on its U-Net. On its transformer block most
-schedules that recompute measured above the plan, by up to 2.1 MiB (1.25-1.49). TF's allocation log
-of the chen_sqrtn step shows why: the peak is inside the attention layer's backward node, whose
-transient tensors (the 1 MiB gradients of the attention scores and of the softmax) are the node's
-workspace (``metadata["workspace_bytes"]``: 1.5 MiB), which the memory model does not count. The
-op-level graph, whose nodes are single ops, plans those tensors: ``python experiments/execution.py
---models transformer --level op`` measured 0.96-1.23.
+experiments/execution.py (experiments/results/execution_cpu.csv, BFC allocator) measured 0.75-0.98
+on its MLP, 1.00 on its residual CNN, 0.97-1.06 on its U-Net and 0.91-1.10 on its transformer block.
+The transformer needed two changes to the layer-level lowering. Before them, most of its schedules
+that recompute measured 1.25-1.49: TF's allocation log showed the peak inside the attention layer's
+backward node, whose transient tensors (the 1 MiB gradients of the score tensors and of the softmax)
+were workspace, which the memory model does not count. Such a node is now split into one node per op
+(checkmate.tf2.lowering, ``WORKSPACE_SPLIT_FRACTION``), and views count once.
 """
 
 from __future__ import annotations
