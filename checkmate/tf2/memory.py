@@ -31,16 +31,14 @@ but TF differs from the model in these ways:
 These figures are for layer graphs with gradient nodes (``gradient_nodes=True``; what
 ``checkmate.tf2.compile`` uses by default for graphs this small). In the compact accounting the
 parameter gradients count from the start of the step and a layer's whole output stays until its
-backward runs, so measured/predicted is lower (0.72-0.92 on the zoo models of
-experiments/execution.py, experiments/results/execution_cpu.csv). On this project's CPU runs, for
+backward runs, so measured/predicted is lower (``python experiments/execution.py --gradient-nodes no``
+runs the zoo models that way). On this project's CPU runs, for
 the schedules at 50% of the checkpoint-all peak of the test models (tests/tf2/test_compile.py, plain
 step measured first in the same process, each in a fresh process), measured/predicted was 0.99 on
 the residual CNN with BatchNorm, 1.05 on the U-Net-like model and 1.03-1.06 on the MLP (1 MiB
-activations, 256 KiB weight gradients). The allocator's rounding depends on the schedule: the
-MILP's schedule of that MLP measured 1.10, and MLPs of other widths, depths and batch sizes at 70%
-measured 0.89-1.06 for the MILP, LP rounding, Griewank and Chen schedules. In an earlier lowering of
-the same MLP, whose schedule kept three 1 MiB activations in 1.5 MiB chunks between the weight
-gradients, the allocator counted 8.5 MiB for 7.02 MiB of live tensors (1.20).
+activations, 256 KiB weight gradients). The allocator's rounding depends on the schedule and on the
+allocation history: a schedule that leaves 1 MiB activations in the 1.5 MiB holes between live
+256 KiB weight gradients is charged 1.5 MiB for each of them.
 
 experiments/execution.py (experiments/results/execution_cpu.csv, BFC allocator) measured 0.75-0.98
 on its MLP, 1.00 on its residual CNN, 0.97-1.06 on its U-Net and 0.91-1.10 on its transformer block.
