@@ -83,7 +83,7 @@ import scipy.sparse as sp
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation"]
+__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_strict_descendant"]
 
 # Largest total memory, in units, for which integral units are used: with integrality tolerances of
 # 1e-6 a rounded solution then differs from the solver's rows by less than one unit, so the budget row
@@ -199,7 +199,7 @@ class _Rows:
         return A[keep], lo[keep], hi[keep]
 
 
-def _max_strict_descendant(graph: "Graph") -> np.ndarray:
+def max_strict_descendant(graph: "Graph") -> np.ndarray:
     """For each node, the largest id among its descendants (-1 when it has none)."""
     n = graph.n
     out = np.full(n, -1, dtype=np.int64)
@@ -408,7 +408,7 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     unit, mem, cap, integral = _mem_units(graph, budget_bytes, integral_units)
     output = graph.output
     recomputable = graph.recomputable
-    maxdesc = _max_strict_descendant(graph)
+    maxdesc = max_strict_descendant(graph)
     adj = np.zeros((n, n), dtype=bool)
     edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)
     adj[edges[:, 0], edges[:, 1]] = True
