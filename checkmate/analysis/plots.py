@@ -36,6 +36,8 @@ _LABELS = {
     "checkmate_lp_rounding": "Checkmate LP rounding",
     "checkmate_milp": "Checkmate MILP (optimal)",
     "lower_bound_lp": "LP lower bound",
+    "hierarchical": "Hierarchical (blocks + DP)",
+    "auto": "Auto",
 }
 _STYLE = {
     "checkpoint_all": ("tab:gray", "s"),
@@ -48,6 +50,8 @@ _STYLE = {
     "checkmate_lp_rounding": ("tab:green", "P"),
     "checkmate_milp": ("tab:red", "*"),
     "lower_bound_lp": ("black", None),
+    "hierarchical": ("tab:pink", "X"),
+    "auto": ("tab:olive", "h"),
 }
 
 

@@ -44,6 +44,12 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("lower_bound_lp", f"{_M}:lower_bound_lp", True,
                      "LP relaxation's bound on the cost of any schedule that fits (no schedule)", _SOLVER,
                      bound_only=True, options=MilpOptions),
+        StrategySpec("hierarchical", "checkmate.solvers.hierarchical:hierarchical", True,
+                     "blocks of the graph solved once each by a small MILP, combined by dynamic "
+                     "programming: near-optimal on deep models, thousands of nodes in minutes", _SOLVER),
+        StrategySpec("auto", "checkmate.solvers.auto:auto", True,
+                     "the exact MILP on small graphs, the hierarchical strategy on large ones, "
+                     "never worse than the best classic baseline", _SOLVER, options=MilpOptions),
     ]
 }
 
