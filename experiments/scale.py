@@ -122,7 +122,6 @@ def main(argv=None) -> int:
     setting = QUICK if args.quick else FULL
     limit = args.time_limit or setting["time_limit_s"]
     started = time.time()
-    import checkmate
     from checkmate.solvers import parse_budget
 
     CACHE.mkdir(parents=True, exist_ok=True)

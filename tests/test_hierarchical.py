@@ -3,7 +3,6 @@ optimum, identical blocks solved once, graphs without block structure handled.""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 

@@ -15,10 +15,12 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.simulate import simulate
+from checkmate.solvers.registry import STRATEGIES
+from checkmate.solvers.types import SolveOptions, StrategyOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
-    from checkmate.solvers import SolveOptions, StrategyOutput
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES"]
 
@@ -33,9 +35,6 @@ _logger = logging.getLogger("checkmate")
 
 
 def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    from checkmate.simulate import simulate
-    from checkmate.solvers import STRATEGIES, StrategyOutput
-
     start = time.perf_counter()
     deadline = None if options.time_limit_s is None else start + float(options.time_limit_s)
     results: list[tuple[float, str, "StrategyOutput"]] = []

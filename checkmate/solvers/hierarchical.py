@@ -33,18 +33,20 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from checkmate.errors import InfeasibleBudgetError
+from checkmate.errors import CheckmateError, InfeasibleBudgetError
 from checkmate.schedule import Schedule
-from checkmate.simulate import peak_memory_bytes, simulate
+from checkmate.simulate import walk
+from checkmate.solvers.baselines import _Segments
+from checkmate.solvers.milp import lower_bound_lp
+from checkmate.solvers.types import SolveOptions, StrategyOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
-    from checkmate.solvers import SolveOptions, StrategyOutput
 
 __all__ = ["hierarchical", "hierarchical_schedule", "HierarchicalPlan", "find_segments", "group_menu",
            "MAX_SEGMENT_FORWARD_NODES", "MAX_GROUP_FORWARD_NODES"]
@@ -188,7 +190,8 @@ def group_menu(graph: "Graph", group: _Group, caps: int = MENU_CAPS) -> tuple[Me
         return (MenuOption(int(mem[group.forced].sum()), 0.0, tuple(np.flatnonzero(group.forced).tolist())),)
     caps = min(caps, int(free.sum()) + 1)
     # variables: keep[0..size), recompute[size..2 size)
-    rows, lower, upper = [], [], []
+    lower: list[float] = []
+    upper: list[float] = []
     A = lil_matrix((size * 2 + sum(len(d) for d in group.local_inputs) + 1, 2 * size))
     row = 0
     for p in range(size):
@@ -268,8 +271,6 @@ class _Planner:
         self.groups: dict[tuple[int, int], _Group] = {}
         self.menus: dict[tuple, tuple[MenuOption, ...]] = {}
         self.group_menu: dict[tuple[int, int], tuple[MenuOption, ...]] = {}
-        from checkmate.solvers.baselines import _Segments
-
         self.seg = _Segments(graph)
         self._candidate_groups()
         self._work = {key: self._working_estimate(g) for key, g in self.groups.items()}
@@ -408,8 +409,6 @@ class _Planner:
 
 def _stage_peaks(graph: "Graph", R: np.ndarray, S: np.ndarray) -> np.ndarray:
     """Peak memory of each stage under the memory model (a replay, one walk)."""
-    from checkmate.simulate import walk
-
     peaks = np.zeros(graph.n, dtype=np.int64)
     for event in walk(graph, R, S):
         if event[0] == "compute":
@@ -495,24 +494,18 @@ def _lp_bound(graph: "Graph", budget_bytes: int, options: "SolveOptions", deadli
     """The flat LP relaxation's bound where the graph is small enough for it, else None."""
     if graph.n > LP_BOUND_MAX_NODES:
         return None
-    from dataclasses import replace
-
-    from checkmate.solvers.milp import lower_bound_lp
-
     left = LP_BOUND_DEFAULT_TIME_S if deadline is None else LP_BOUND_TIME_FRACTION * (deadline - time.perf_counter())
     if left < 1.0:
         return None
     try:
         out = lower_bound_lp(graph, budget_bytes, replace(options, time_limit_s=left))
-    except Exception:  # a bound is a bonus: a solver that fails on it must not lose the schedule
+    except CheckmateError:  # a bound is a bonus: a solver that fails on it must not lose the schedule
         return None
     return out.lower_bound
 
 
 def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
     """The strategy entry: the schedule, a lower bound and a status saying what was done."""
-    from checkmate.solvers import StrategyOutput
-
     start = time.perf_counter()
     deadline = None if options.time_limit_s is None else start + float(options.time_limit_s)
     plan = HierarchicalPlan()
