@@ -20,8 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
     from checkmate.schedule import Schedule
 
-__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label",
-           "cli_plot"]
+__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label"]
 
 # Display names and a stable colour/marker per strategy, so every figure reads the same way.
 _LABELS = {
@@ -271,24 +270,3 @@ def plot_max_batch(results: Sequence[dict], path: str | os.PathLike, *, title: s
     out = save_figure(fig, path, dpi)
     plt.close(fig)
     return out
-
-
-# ------------------------------------------------------------------------------------ CLI
-def cli_plot(args) -> int:
-    from checkmate.graph import load_graph
-    from checkmate.schedule import load_schedule
-    from checkmate.simulate import simulate
-
-    graph = load_graph(args.graph)
-    schedule = load_schedule(args.schedule, graph)
-    sim = simulate(graph, schedule)
-    if not sim.valid:
-        from checkmate.errors import InvalidScheduleError
-
-        raise InvalidScheduleError(f"{args.schedule} is not a valid schedule for {args.graph}: {sim.violations[0]}")
-    out = plot_schedule(graph, schedule, args.out)
-    from checkmate.solvers import format_bytes
-
-    print(f"{out}: {graph.name}, {schedule.strategy or 'schedule'}, peak {format_bytes(sim.peak_memory_bytes)}, "
-          f"{sim.recompute_count} recomputations")
-    return 0
