@@ -6,7 +6,7 @@ node always have smaller ids); node ``i`` produces one value of ``mem[i]`` bytes
 wherever the edges allow it), never rejected; the original ids stay available as ``source_ids``.
 
 Files: the native ``checkmate-graph/1`` JSON and networkx node-link JSON (``cost_cpu``/``cost_ram``
-attributes, ``links`` or ``edges`` key) are read; the native form is written (DESIGN §4).
+attributes, ``links`` or ``edges`` key) are read; the native form is written (docs/design.md §4).
 """
 
 from __future__ import annotations

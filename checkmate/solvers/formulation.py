@@ -15,7 +15,7 @@ for ``i >= t``; outputs are held from the stage after they are computed to the e
 a value none of whose descendants is at or beyond stage ``t`` is dead there (``R = S = 0``). Fixed
 cells are not variables: their constants are folded into the rows.
 
-Memory follows :mod:`checkmate.simulate` exactly (DESIGN §3)::
+Memory follows :mod:`checkmate.simulate` exactly (docs/design.md §3)::
 
     U[t, k0] = sum_i mem[i] S[t, i] + mem[k0] R[t, k0]              (k0: first node stage t may run)
     U[t, k]  = U[t, k'] + mem[k] R[t, k] - sum_i mem[i] FREE[t, i, k']   (k' the previous such node)

@@ -1,4 +1,4 @@
-"""Schedule -> a rematerializing ``tf.function`` (DESIGN §1, §6).
+"""Schedule -> a rematerializing ``tf.function`` (docs/design.md §1, §6).
 
 The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef level:
 
@@ -13,7 +13,7 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   plan runs before freeing that value, the chain makes every value die where the plan frees it (or
   earlier: a value the plan holds until the end of a stage without using it dies at its last use).
   The anchors also make every copy differ from the others by a control input, so common-subexpression
-  elimination cannot merge recomputations back (DESIGN §6, trap 1).
+  elimination cannot merge recomputations back (docs/design.md §6, trap 1).
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
 ``tf.function``; captured variables are fed as ``tf.identity`` of their handles. Grappler's meta

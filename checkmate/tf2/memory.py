@@ -8,7 +8,7 @@ gradients, temporaries), excluding the parameters, optimizer state and inputs th
 before the call, and excluding the previous call's outputs.
 
 TF 2.21 keeps these statistics for CPU (oneDNN/BFC allocators) and GPU (BFC) through the public
-``tf.config.experimental.get_memory_info`` / ``reset_memory_stats`` (DESIGN §6). TF's default CPU
+``tf.config.experimental.get_memory_info`` / ``reset_memory_stats`` (docs/design.md §6). TF's default CPU
 allocator counts only allocations of 256 KiB and more (smaller ones go to malloc, uncounted); both it
 and ``TF_CPU_ALLOCATOR_USE_BFC=true`` count whole BFC chunks, not the bytes requested (below).
 
