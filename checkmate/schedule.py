@@ -1,8 +1,9 @@
 """Schedules: which node runs in which stage (``recompute``), which value is kept (``retain``), and the
 executable plan with explicit frees that the memory model derives from them.
 
-``recompute[t, i]`` is the paper's R and ``retain[t, i]`` its S (docs/design.md §3). Strategies usually decide
-only what to keep; :func:`minimal_recompute` then derives the cheapest R that makes those choices valid.
+``recompute[t, i]`` is the paper's R and ``retain[t, i]`` its S (docs/design.md §3). Strategies
+usually decide only what to keep; :func:`minimal_recompute` then derives the cheapest R that makes
+those choices valid.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The one memory model (docs/design.md §3), shared by the solvers' accounting, the simulator and codegen.
+"""The one memory model (docs/design.md §3), shared by the solvers' accounting, the simulator and
+codegen.
 
 A schedule has ``n`` stages. Stage ``t`` computes node ``t`` for the first time and may recompute
 nodes ``< t``; ``R[t, i]`` says node ``i`` runs in stage ``t`` and ``S[t, i]`` that value ``i`` is

@@ -83,10 +83,77 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-def fmt_float(value: Any, digits: int = 3) -> str:
-    if value in (None, ""):
+def _missing_value(value: Any) -> bool:
+    return value is None or value == ""
+
+
+def fmt_sig(value: Any, sig: int = 3) -> str:
+    """``value`` to ``sig`` significant figures, trailing zeros kept (``0.356``, ``81.30``); values
+    with more integer digits than that print as whole numbers with thousands separators (``742,765``)."""
+    if _missing_value(value):
         return "–"
-    return f"{float(value):.{digits}f}"
+    v = float(value)
+    text = f"{v:#.{sig}g}"
+    if abs(v) >= 10 ** sig or ("e" in text and abs(v) >= 1):  # 999.7 rounds up to "1.00e+03"
+        return f"{v:,.0f}"
+    return text.rstrip(".")
+
+
+def fmt_int(value: Any) -> str:
+    """A count, with thousands separators."""
+    if _missing_value(value):
+        return "–"
+    return f"{round(float(value)):,d}"
+
+
+def fmt_seconds(value: Any) -> str:
+    """Seconds to three significant figures: ``0.356 s``, ``13.6 s``, ``302 s``."""
+    if _missing_value(value):
+        return "–"
+    return f"{fmt_sig(value, 3)} s"
+
+
+def fmt_ratio(value: Any, sig: int = 4) -> str:
+    """A ratio (overhead, measured / predicted) to ``sig`` significant figures: ``1.253x``."""
+    if _missing_value(value):
+        return "–"
+    return f"{fmt_sig(value, sig)}x"
+
+
+def fmt_percent(fraction: Any, decimals: int = 2) -> str:
+    """A fraction as a percentage: ``0.0009`` -> ``0.09%``; a positive value that would round to zero
+    prints as ``<0.01%``, so that it is not mistaken for an exact zero."""
+    if _missing_value(fraction):
+        return "–"
+    pct = 100 * float(fraction)
+    if pct == 0:
+        return "0%"
+    smallest = 10.0 ** -decimals
+    if 0 < pct < smallest / 2:
+        return f"<{smallest:.{decimals}f}%"
+    return f"{pct:.{decimals}f}%"
+
+
+def fmt_cost(value: Any) -> str:
+    """A compute cost (the graph's own unit): four significant figures below 1,000, whole numbers
+    with thousands separators up to a billion, four significant figures in powers of ten above
+    (``2.973e12``), where more digits are noise."""
+    if _missing_value(value):
+        return "–"
+    v = float(value)
+    if abs(v) >= 1e9:
+        mantissa, exponent = f"{v:.3e}".split("e")
+        return f"{mantissa}e{int(exponent)}"
+    return fmt_sig(v, 4)
+
+
+def fmt_small(value: Any) -> str:
+    """A small quantity such as a relative gradient difference: two significant figures in powers of
+    ten (``1.6e-03``); an exact zero prints as ``0``."""
+    if _missing_value(value):
+        return "–"
+    v = float(value)
+    return "0" if v == 0 else f"{v:.1e}"
 
 
 def fmt_bytes(value: Any) -> str:

@@ -14,7 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from common import fmt_bytes, fmt_float, markdown_table, read_csv  # noqa: E402
+from common import (  # noqa: E402
+    fmt_bytes, fmt_cost, fmt_int, fmt_percent, fmt_ratio, fmt_seconds, fmt_small, markdown_table, read_csv,
+)
 
 STRATEGY_ORDER = ["checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn", "checkmate_lp_rounding",
                   "checkmate_milp", "lower_bound_lp"]
@@ -68,9 +70,9 @@ def section_budget_sweeps(folder: Path) -> str:
                 r = srows.get(b)
                 if s == "lower_bound_lp":
                     ok = r and r["lower_bound"]
-                    entry[b] = f"≥ {float(r['lower_bound']) / float(r['baseline_cost']):.3f}" if ok else "–"
+                    entry[b] = f"≥ {fmt_ratio(float(r['lower_bound']) / float(r['baseline_cost']))}" if ok else "–"
                 else:
-                    entry[b] = fmt_float(r["overhead"]) if r and r["feasible"] == "True" and r["overhead"] else "infeasible"
+                    entry[b] = fmt_ratio(r["overhead"]) if r and r["feasible"] == "True" and r["overhead"] else "infeasible"
             table.append(entry)
         cols = [("strategy", "strategy"), ("min", "smallest feasible budget")]
         cols += [(b, f"overhead at {fmt_bytes(b)}") for b in picks]
@@ -131,8 +133,10 @@ def section_approximation(folder: Path) -> str:
     out.append(_meta(folder, "approximation"))
     rows = read_csv(path)
     for r in rows:
-        for k in ("integrality_gap", "rounding_ratio", "milp_seconds", "rounding_seconds"):
-            r[k] = fmt_float(r[k], 2 if k.endswith("seconds") else 3)
+        for k in ("integrality_gap", "rounding_ratio"):
+            r[k] = fmt_ratio(r[k])
+        for k in ("milp_seconds", "rounding_seconds"):
+            r[k] = fmt_seconds(r[k])
         r["rounding_ratio"] = r["rounding_ratio"] if r["rounding_feasible"] == "True" else "no schedule"
     cols = [("graph", "graph"), ("nodes", "nodes"), ("budget_fraction", "budget (0=bound, 1=peak)"),
             ("integrality_gap", "MILP / LP bound"), ("rounding_ratio", "rounding / MILP"),
@@ -141,6 +145,17 @@ def section_approximation(folder: Path) -> str:
     if (folder / "approximation.png").exists():
         out.append("![approximation quality](approximation.png)\n")
     return "\n".join(out)
+
+
+# How each column of the solve-time CSVs prints; other columns print as written.
+_SOLVE_TIME_FORMATS = {
+    "nodes": fmt_int, "edges": fmt_int, "budget_bytes": fmt_bytes, "seconds": fmt_seconds, "cost": fmt_cost,
+    "overhead": fmt_ratio, "gap": fmt_percent, "lower_bound": fmt_cost, "peak_bytes": fmt_bytes,
+}
+
+
+def _format_solve_row(row: dict) -> dict:
+    return {k: (_SOLVE_TIME_FORMATS[k](v) if k in _SOLVE_TIME_FORMATS else v) for k, v in row.items()}
 
 
 def section_solve_time(folder: Path) -> str:
@@ -152,7 +167,7 @@ def section_solve_time(folder: Path) -> str:
         return "\n".join(out)
     out.append(_meta(folder, "solve_time"))
     for path in files:
-        rows = read_csv(path)
+        rows = [_format_solve_row(r) for r in read_csv(path)]
         if rows:
             out.append(f"`{path.name}`:\n")
             out.append(markdown_table(rows, [(k, k) for k in rows[0].keys()]) + "\n")
@@ -177,8 +192,10 @@ def section_deep_resnet(folder: Path) -> str:
     for r in rows:
         for k in ("budget_bytes", "simulated_step_peak_bytes", "measured_peak_bytes"):
             r[k] = fmt_bytes(r.get(k))
-        for k in ("simulated_overhead", "step_seconds", "time_ratio", "memory_ratio"):
-            r[k] = fmt_float(r.get(k), 3)
+        for k in ("simulated_overhead", "time_ratio"):
+            r[k] = fmt_ratio(r.get(k))
+        r["memory_ratio"] = fmt_ratio(r.get("memory_ratio"), 3)
+        r["step_seconds"] = fmt_seconds(r.get("step_seconds"))
     cols = [("model", "model"), ("layers", "layers"), ("strategy", "strategy"), ("budget_bytes", "budget"),
             ("simulated_step_peak_bytes", "simulated step peak"), ("measured_peak_bytes", "measured step peak"),
             ("memory_ratio", "measured / checkpoint-all"), ("simulated_overhead", "simulated overhead"),
@@ -204,8 +221,9 @@ def section_execution(folder: Path) -> str:
             for k in ("predicted_peak_bytes", "measured_peak_bytes", "plain_measured_peak_bytes"):
                 r[k] = fmt_bytes(r.get(k))
             for k in ("measured_over_predicted", "measured_over_plain", "predicted_overhead", "time_over_plain"):
-                r[k] = fmt_float(r.get(k), 2)
-            r["max_grad_rel_diff"] = f"{float(r['max_grad_rel_diff']):.1e}" if r.get("max_grad_rel_diff") else None
+                r[k] = fmt_ratio(r.get(k), 3)
+            r["budget_fraction"] = fmt_percent(r.get("budget_fraction"), 0)
+            r["max_grad_rel_diff"] = fmt_small(r.get("max_grad_rel_diff"))
         cols = [("device", "device"), ("model", "model"), ("strategy", "strategy"), ("budget_fraction", "budget"),
                 ("predicted_peak_bytes", "predicted peak"), ("measured_peak_bytes", "measured peak"),
                 ("measured_over_predicted", "measured / predicted"), ("plain_measured_peak_bytes", "plain peak"),
@@ -234,7 +252,8 @@ def section_baseline_cli_time(folder: Path) -> str:
         cols = [("graph", "graph"), ("nodes", "nodes"), ("edges", "edges"), ("budget", "budget"),
                 ("strategy", "strategy"), ("wall_seconds", "seconds"), ("feasible", "fits"), ("overhead", "overhead")]
         for r in rows:
-            r["overhead"] = fmt_float(r.get("overhead"), 3)
+            r["overhead"] = fmt_ratio(r.get("overhead"))
+            r["wall_seconds"] = fmt_seconds(r.get("wall_seconds"))
         out.append(markdown_table(rows, cols) + "\n")
     return "\n".join(out)
 

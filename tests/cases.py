@@ -1,4 +1,5 @@
-"""Shared small graphs and the one schedule validator used by every strategy's tests (DESIGN §8)."""
+"""Shared small graphs and the one schedule validator used by every strategy's tests
+(docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The file and command contracts of DESIGN §4-§5, checked from the outside.
+"""The file and command contracts of docs/design.md §4-§5, checked from the outside.
 
 Everything here is checked the way a tool that does not trust checkmate would: graphs are written as
 JSON (native and networkx node-link), the CLI's stdout is parsed as JSON, and schedules are replayed

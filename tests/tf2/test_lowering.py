@@ -662,7 +662,7 @@ def test_vgg16_layer_level_rematerialization_lowers_the_peak(batch, size):
 
     A 70% budget is out of reach at these sizes for every schedule, not only for the heuristics: at
     32x32 the weights and their gradients alone exceed it, and at 128x128 the backward node of
-    block1_conv2 needs its three full-resolution inputs and its output at once (DESIGN §3's lower
+    block1_conv2 needs its three full-resolution inputs and its output at once (docs/design.md §3's lower
     bound, ~91% of checkpoint-all); chen_greedy reaches that bound up to the loss value.
     """
     import checkmate
@@ -693,7 +693,7 @@ def test_vgg16_gradient_nodes_rematerialization_lowers_the_peak(batch, size):
     """With gradient nodes, rematerialization lowers VGG16's layer-level peak when activations
     dominate (128x128).
 
-    chen_greedy reaches DESIGN §3's lower bound up to the outputs (loss and gradients) that are
+    chen_greedy reaches docs/design.md §3's lower bound up to the outputs (loss and gradients) that are
     resident when the bounding node runs; at 128x128 the backward of block1_conv2 (three
     full-resolution inputs and its output at once) sets that bound.
     """

@@ -1,0 +1,151 @@
+"""Keras model -> traced training step -> the solver's :class:`~checkmate.graph.Graph` (docs/design.md §1, §6).
+
+:func:`lower` runs the lowering pipeline, one module per stage:
+
+1. :mod:`~checkmate.tf2.lowering.trace`: trace one training step, ``(x, y) -> (loss, *grads)``, as a
+   ``tf.function`` with fixed-batch specs, recording which ops each layer call creates;
+2. :mod:`~checkmate.tf2.lowering.ops`: the step's op graph, built once, and the classification of its
+   ops (static, dead, forward/backward, recomputable, bytes);
+3. :mod:`~checkmate.tf2.lowering.grouping`: the non-static ops grouped into nodes (one per op, or one
+   forward and one backward per layer, with the gradient-node and workspace splits);
+4. :mod:`~checkmate.tf2.lowering.accounting`: each node's memory (value and workspace) and the fixed
+   bytes;
+5. :mod:`~checkmate.tf2.lowering.assembly`: the graph in a topological order, its costs, and the
+   :class:`~checkmate.tf2.lowered.LoweredGraph`.
+
+**Op level** (``level="op"``): one node per op that produces data, plus one node per side-effecting
+op without outputs. The nodes producing the loss and the parameter gradients are the step's outputs.
+``gradient_nodes`` has no effect at op level: its accounting is already exact.
+
+**Layer level** (``level="layer"``, the paper's granularity): one forward and one backward node per
+top-level Keras layer call (the loss function is a layer of its own, named ``loss``).
+
+Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
+computation to the end of the step (docs/design.md §3), and a node's value is all of its ``mem``. At
+op level this is exact: each gradient op is a node whose value is the gradient, and the nodes
+producing the loss and the gradients are the outputs. At layer level a backward node mixes the
+parameter gradients (``Conv2DBackpropFilter``, ``BiasAddGrad``: step outputs, small) with the
+activation gradient it passes to the previous layer's backward node (``Conv2DBackpropInput``: large,
+dead once consumed). Flagging such a node ``output`` would keep every activation gradient to the end
+of the step and make every schedule peak at the end of the backward pass. The layer level offers two
+accountings: *compact* (``gradient_nodes=False``, the default; the paper's graph, the parameter
+gradients resident in ``fixed_mem``: see :mod:`~checkmate.tf2.lowering.accounting`) and *gradient
+nodes* (``gradient_nodes=True``: the parameter gradients in output nodes of their own and the part
+of a layer its backward reads split off: see :mod:`~checkmate.tf2.lowering.grouping`).
+
+The trade-off: the compact graph is what the paper solves and what the MILP handles on large
+networks (VGG16 46 nodes, MobileNet ~210, ResNet50 ~390); it over-counts the gradients early in the
+step and holds a layer's whole output where the backward reads only part of it, so a schedule's
+measured peak can be below its prediction (by up to ~30% on the CNNs of experiments/execution.py).
+Gradient nodes make the predicted step peak follow the measured one (within ~15% on the test
+models), at ~1.65x the nodes; the MILP's time grows much faster than that (MobileNet's LP
+relaxation: 6 s compact, 170 s with gradient nodes).
+:func:`checkmate.tf2.compile` picks gradient nodes by default when the compact graph is small
+(``gradient_nodes="auto"``: at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes).
+``metadata["gradient_nodes"]`` says whether the graph has gradient nodes (always at op level).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from checkmate.errors import InvalidArgumentError, UnsupportedOpError
+from checkmate.tf2.lowered import LoweredGraph
+from checkmate.tf2.lowering.accounting import fixed_bytes, gradient_bytes
+from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_costs, with_costs
+from checkmate.tf2.lowering.grouping import (
+    LOSS_LAYER,
+    WORKSPACE_SPLIT_FRACTION,
+    gradient_node_groups,
+    layer_groups,
+    merge_cycles,
+    op_groups,
+    split_large_workspaces,
+)
+from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaque
+from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
+
+__all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops", "OpGraph", "OpInfo", "LEVELS",
+           "COST_MODELS", "LOSS_LAYER", "AUTO_GRADIENT_NODES_MAX_NODES", "WORKSPACE_SPLIT_FRACTION"]
+
+LEVELS = ("op", "layer")
+COST_MODELS = ("flops", "profile")
+# gradient_nodes="auto" splits the parameter gradients into nodes of their own when the compact layer
+# graph has at most this many nodes. The split adds ~65% nodes and the MILP's time grows much faster:
+# VGG16 (46 -> 75 nodes) and U-Net (64 -> 104) stay where the MILP is practical; MobileNet (208 -> 343)
+# does not (its LP relaxation alone goes from 6 s to 170 s).
+AUTO_GRADIENT_NODES_MAX_NODES = 120
+
+
+def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
+          gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
+          profile_options: Mapping[str, Any] | None = None, progress: bool = True) -> LoweredGraph:
+    """Lower one training step of ``model`` to a :class:`LoweredGraph`.
+
+    Parameters
+    ----------
+    model:
+        A built Keras model (functional, sequential or subclassed; layer level needs ``model.layers``).
+    loss:
+        ``loss(y_true, y_pred)`` callable or a Keras loss name; a non-scalar result is averaged.
+    input_spec, label_spec:
+        ``tf.TensorSpec`` (or nests of them) with fixed shapes, batch dimension included.
+    level:
+        ``"layer"`` (one forward and one backward node per Keras layer) or ``"op"``.
+    gradient_nodes:
+        Layer level only (op level is exact either way). ``False``: the compact graph, parameter
+        gradients in ``fixed_mem`` for the whole step. ``True``: parameter gradients in output nodes
+        of their own (``<layer>_grad:params``) and the part of a layer its backward reads in
+        ``<layer>:saved``: a closer memory prediction, ~1.65x the nodes. ``"auto"``: ``True`` when the
+        compact graph has at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes. See the module
+        docstring for the trade-off.
+    cost_model:
+        ``"flops"`` (deterministic analytic estimate) or ``"profile"`` (run time of each node on the
+        current device, cached on disk; see :mod:`checkmate.tf2.profiling`).
+    profile_options:
+        Keyword arguments for :func:`checkmate.tf2.profiling.profile_nodes` (repeats, warmup, cache_dir).
+    """
+    if level not in LEVELS:
+        raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
+    if cost_model not in COST_MODELS:
+        raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
+    if gradient_nodes not in (True, False, "auto"):
+        raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
+    traced = trace_step(model, loss, input_spec, label_spec)
+    op_graph = OpGraph.of(traced)
+    infos = classify_ops(traced, op_graph)
+    warn: list[str] = []
+    warn_opaque(infos, warn)
+    compact_nodes = None
+    if level == "op":
+        groups = op_groups(infos)
+        split = True  # op level is exact: every gradient op is an output node of its own
+    else:
+        compact = layer_groups(traced, infos, op_graph)
+        groups = merge_cycles(compact, op_graph)
+        compact_nodes = len(groups)
+        split = (compact_nodes <= AUTO_GRADIENT_NODES_MAX_NODES) if gradient_nodes == "auto" else bool(gradient_nodes)
+        if split:
+            groups = merge_cycles(gradient_node_groups(compact, infos, op_graph, traced), op_graph)
+    if not groups:
+        raise UnsupportedOpError("the training step has no op that depends on the batch")
+    label = name or f"{getattr(model, 'name', 'model')}-{level}"
+    param_batch = fixed_bytes(model, traced)
+    grad_bytes = gradient_bytes(traced, infos)
+    grads_resident = not split
+    fixed = param_batch + (grad_bytes if grads_resident else gradient_bytes(traced, infos, static_only=True))
+    graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups, level, label, fixed,
+                                                             grads_resident)
+    split_nodes: list[str] = []
+    if level == "layer" and split:   # the compact graph keeps the papers' one node per layer
+        groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order)
+        if split_nodes:
+            graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, level, label,
+                                                                 fixed, grads_resident)
+    costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
+    return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=level,
+                         cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
+                         parameter_and_batch_bytes=param_batch, grad_bytes=grad_bytes,
+                         grads_resident=grads_resident, gradient_nodes=split, compact_nodes=compact_nodes,
+                         split_workspace_nodes=split_nodes, profile_info=profile_info)
+

@@ -1,0 +1,439 @@
+"""Grouping the step's non-static ops into the graph's nodes (docs/design.md §1, §3).
+
+**Op level** (``level="op"``): one group per op that produces data, plus one per side-effecting op
+without outputs (``AssignVariableOp``, never recomputable), so that it runs exactly once, in order.
+
+**Layer level** (``level="layer"``, the paper's granularity): the ops of each top-level Keras layer
+call form one forward group, and the gradient ops of that layer one backward group (the loss function
+is a layer of its own, named ``loss``). Ops are attributed to layers by the ops each layer call
+created while tracing; gradient ops by the forward op whose name scope they carry; ops left over
+(gradient sums ``AddN``, casts Keras inserts outside ``call``) by their consumers, else their
+producers. A layer whose forward ops mix recomputable and non-recomputable ops (BatchNorm's
+moving-average update, Dropout's seed variable) is split into a recomputable group and a
+``<layer>:state`` group holding the non-recomputable ops (plus the stateless ops that only feed them),
+so that the layer's activations stay recomputable. Groups that depend on each other in a cycle (only
+when attribution heuristics interleave two layers) are merged. These are the compact groups: one
+forward and one backward node per layer.
+
+**Gradient nodes** (``gradient_nodes=True``): a node's value is one block that lives until its last
+consumer has run, so layers are split where one block would hold bytes TF has already freed
+(measured against TF's allocation log):
+
+* **parameter gradients** (``<layer>_grad:params``): step outputs, resident from the moment they are
+  computed (docs/design.md §3's ``output`` flag), computed once (not recomputable). The node holds the
+  ops producing the layer's gradients plus the ops of the layer's backward that feed only them. The
+  backward ops the gradients need run before it (``<layer>_grad``: e.g. the ReluGrad whose output
+  both the weight gradient and the input gradient read), the others after it (``<layer>_grad:2``,
+  e.g. the gradient w.r.t. the layer's input, which is passed on and dies once consumed). A backward
+  op that both depends on a gradient and feeds one (BatchNorm's gradient w.r.t. beta feeds gamma's
+  through a per-channel ``Neg``) joins ``:params``. A layer whose backward only feeds its gradients
+  (the first layer: the gradient w.r.t. the batch is dead) is a single ``:params`` node.
+* **what the backward reads** (``<layer>:saved``): BatchNorm's gradient reads the batch statistics
+  (bytes per channel), not the layer's output. When the ops whose outputs backward nodes read (and
+  their ancestors in the layer) pass on fewer bytes than the whole layer, they form ``:saved`` and the
+  rest keeps the layer's name; recomputing the layer for the backward pass then recomputes only them.
+
+Both splits only regroup ops (``node_ops`` covers the same ops in both accountings; every op runs
+once per computation of its node). What docs/design.md §3 cannot express is not modelled: TF writes
+an elementwise output into a dying input's buffer (ReLU, BiasAdd, ReluGrad), and an input a node
+reads first dies before the node ends (a layer's output, read only by its ReluGrad); both make TF use
+less than the plan.
+
+**Workspace split**: with gradient nodes, a layer node whose new transient tensors (not written in
+place) outweigh its value and ``WORKSPACE_SPLIT_FRACTION`` of the activations is split into one node
+per op (``<node>:<op type>``, listed in ``metadata["split_workspace_nodes"]``), so that the plan
+counts them: the backward of multi-head attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import networkx as nx
+
+from checkmate.graph import Graph
+from checkmate.tf2.lowering.accounting import new_workspace, node_mem
+from checkmate.tf2.lowering.ops import OpGraph, OpInfo
+from checkmate.tf2.lowering.trace import TracedStep
+
+__all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
+           "merge_cycles", "group_dependencies", "split_large_workspaces"]
+
+# Layer-level name of the loss function's ops, and of model ops no layer call created.
+LOSS_LAYER = "loss"
+_UNATTRIBUTED = "model"
+
+# In a graph with gradient nodes, a layer node whose new transient tensors outweigh both its value and
+# this share of the activation part of the checkpoint-all peak is split into one node per op, so that
+# the plan counts those tensors. The backward of multi-head attention holds the gradients of its score
+# tensors: 1.5 MiB on a transformer block whose activations peak at 4-6 MiB, and its measured peak was
+# 1.25-1.49x the layer-level plan. Smaller workspaces are left in their layer node: the measured peaks
+# of MLPs, CNNs and U-Nets follow their layer-level plans.
+WORKSPACE_SPLIT_FRACTION = 0.1
+
+
+@dataclass
+class Group:
+    """Ops that become one node of the graph."""
+
+    name: str
+    ops: list[int]  # op indices, creation (topological) order
+    backward: bool
+    recomputable: bool
+    layer: str | None = None
+    # Position among the groups when dependencies leave a choice (default: (first op, 0)). The parts
+    # of a split backward layer share their layer's first op, so that they run in the intended order.
+    order: tuple[int, int] | None = None
+
+    @property
+    def sort_key(self) -> tuple[int, int]:
+        return self.order if self.order is not None else (min(self.ops), 0)
+
+
+def op_groups(infos: Sequence[OpInfo]) -> list[Group]:
+    groups = []
+    for info in infos:
+        if info.static:
+            continue
+        groups.append(Group(info.op.name, [info.index], info.backward, info.recomputable))
+    return groups
+
+
+def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph) -> dict[int, str]:
+    """Attribute every non-static op to a layer name (the loss function counts as layer ``loss``)."""
+    layer: dict[int, str] = {}
+    # Forward: innermost recorded call containing the op (calls are appended on exit, so a call
+    # nested in another is listed first; sorting by length picks the innermost).
+    spans = sorted(traced.layer_calls, key=lambda c: c[2] - c[1])
+    for info in infos:
+        if info.static:
+            continue
+        i = info.index
+        if i < traced.loss_start:
+            for name, start, end in spans:
+                if start <= i < end:
+                    layer[i] = name
+                    break
+        elif i < traced.grad_start:
+            layer[i] = LOSS_LAYER
+
+    # Backward: the forward op (or scope) whose name the gradient op carries.
+    scope_layer: dict[str, str | None] = {}
+    for info in infos:
+        i = info.index
+        if i >= traced.grad_start:
+            break
+        name = layer.get(i)
+        if name is None:
+            if info.static and traced.model_start <= i < traced.grad_start:
+                name = _span_of(i, spans, traced)
+            if name is None:
+                continue
+        parts = info.op.name.split("/")
+        for k in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:k])
+            if prefix in scope_layer and scope_layer[prefix] != name:
+                scope_layer[prefix] = None  # ambiguous (an enclosing scope such as the model's)
+            else:
+                scope_layer[prefix] = name
+    for info in infos:
+        i = info.index
+        if info.static or i < traced.grad_start:
+            continue
+        parts = info.op.name.split("/")
+        if parts[0].startswith("gradient_tape"):
+            parts = parts[1:]
+        for k in range(len(parts), 0, -1):
+            hit = scope_layer.get("/".join(parts[:k]))
+            if hit:
+                layer[i] = hit
+                break
+
+    # Leftovers: the layer of a consumer in the same direction, else of a producer.
+    for info in reversed(infos):
+        i = info.index
+        if info.static or i in layer:
+            continue
+        for j in op_graph.users[i]:
+            if not infos[j].static and infos[j].backward == info.backward and j in layer:
+                layer[i] = layer[j]
+                break
+    for info in infos:
+        i = info.index
+        if info.static or i in layer:
+            continue
+        for j in sorted(op_graph.producers[i], reverse=True):
+            if j in layer and infos[j].backward == info.backward:
+                layer[i] = layer[j]
+                break
+        else:
+            layer[i] = LOSS_LAYER if info.backward or i >= traced.loss_start else _UNATTRIBUTED
+    return layer
+
+
+def _span_of(i: int, spans, traced) -> str | None:
+    for name, start, end in spans:
+        if start <= i < end:
+            return name
+    if traced.loss_start <= i < traced.grad_start:
+        return LOSS_LAYER
+    return None
+
+
+def _split_by_recomputability(ops: list[int], infos: Sequence[OpInfo],
+                              op_graph: OpGraph) -> list[tuple[list[int], bool]]:
+    """Split one layer's ops into parts that are each all-recomputable or not, with no cycle between them.
+
+    Stateless ops that only feed non-recomputable ops (BatchNorm's moving-average arithmetic, Dropout's
+    seed increment) join them. Then each op gets the smallest rank >= its in-layer inputs' ranks whose
+    parity encodes its kind (even: recomputable); ops of equal rank form a part, and parts of the same
+    kind are merged whenever that keeps the parts acyclic.
+    """
+    recomputable = {i: infos[i].recomputable for i in ops}
+    if all(recomputable.values()) or not any(recomputable.values()):
+        return [(list(ops), all(recomputable.values()))]
+    members = set(ops)
+    inside_inputs: dict[int, list[int]] = {}
+    users: dict[int, list[int]] = {i: [] for i in ops}
+    for i in ops:
+        srcs = [j for j in op_graph.producers[i] if j in members]
+        inside_inputs[i] = srcs
+        for s in srcs:
+            users[s].append(i)
+    # Absorb state-only feeders (reverse topological order so chains are absorbed whole).
+    outside_users = _outside_users(ops, op_graph)
+    for i in reversed(ops):
+        if recomputable[i] and users[i] and not outside_users.get(i) and \
+                all(not recomputable[u] for u in users[i]):
+            recomputable[i] = False
+    rank: dict[int, int] = {}
+    for i in ops:
+        base = max((rank[s] for s in inside_inputs[i]), default=0)
+        want = 0 if recomputable[i] else 1
+        rank[i] = base if base % 2 == want else base + 1
+    parts: dict[int, list[int]] = {}
+    for i in ops:
+        parts.setdefault(rank[i], []).append(i)
+    # Greedy merge of same-kind parts while the quotient stays acyclic.
+    labels = {i: rank[i] for i in ops}
+    keys = sorted(parts)
+
+    def acyclic(lbl):
+        dg = nx.DiGraph()
+        dg.add_nodes_from(set(lbl.values()))
+        for i in ops:
+            for s in inside_inputs[i]:
+                if lbl[s] != lbl[i]:
+                    dg.add_edge(lbl[s], lbl[i])
+        return nx.is_directed_acyclic_graph(dg)
+
+    for a_pos, a in enumerate(keys):
+        for b in keys[a_pos + 1:]:
+            if a % 2 != b % 2 or b not in set(labels.values()) or a not in set(labels.values()):
+                continue
+            trial = {i: (a if lbl == b else lbl) for i, lbl in labels.items()}
+            if acyclic(trial):
+                labels = trial
+    final: dict[int, list[int]] = {}
+    for i in ops:
+        final.setdefault(labels[i], []).append(i)
+    return [(final[k], k % 2 == 0) for k in sorted(final)]
+
+
+def _outside_users(ops: list[int], op_graph: OpGraph) -> dict[int, bool]:
+    """Whether each op of ``ops`` has a consumer outside ``ops``."""
+    members = set(ops)
+    return {i: any(c not in members for consumers in op_graph.output_consumers[i] for c in consumers)
+            for i in ops}
+
+
+def layer_groups(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph) -> list[Group]:
+    """One forward and one backward group per layer call (plus ``:state`` parts): the compact graph."""
+    layer = _layer_of_ops(traced, infos, op_graph)
+    buckets: dict[tuple[str, bool], list[int]] = {}
+    for info in infos:
+        if not info.static:
+            buckets.setdefault((layer[info.index], info.backward), []).append(info.index)
+    groups: list[Group] = []
+    for (name, backward), ops in buckets.items():
+        base = f"{name}_grad" if backward else name
+        parts = _split_by_recomputability(ops, infos, op_graph)
+        seen_rec = 0
+        for part_ops, rec in parts:
+            if rec:
+                seen_rec += 1
+                label = base if seen_rec == 1 else f"{base}:{seen_rec}"
+            else:
+                label = f"{base}:state"
+            # A part is recomputable only if every op in it is (absorbed feeders inherit the part's flag).
+            rec = rec and all(infos[i].recomputable for i in part_ops)
+            groups.append(Group(label, part_ops, backward, rec, layer=name))
+    return groups
+
+
+def gradient_node_groups(groups: list[Group], infos: Sequence[OpInfo], op_graph: OpGraph,
+                         traced: TracedStep) -> list[Group]:
+    """The compact layer groups with the gradient-node splits (``:saved``, ``:params``)."""
+    groups = _split_saved_for_backward(groups, infos, op_graph, traced)
+    return _split_parameter_gradients(groups, infos, op_graph, traced.grad_tensors)
+
+
+def _split_saved_for_backward(groups: list[Group], infos: Sequence[OpInfo], op_graph: OpGraph,
+                              traced: TracedStep) -> list[Group]:
+    """Split off the part of a forward layer that the backward pass reads (``<name>:saved``) when
+    it is smaller than the layer's value.
+
+    A node's value lives until its last consumer has run, as one block. BatchNorm's backward reads
+    only the batch statistics (a few bytes per channel), Dropout's only the mask, yet as one node the
+    layer's whole output would stay resident until its gradient runs, and recomputing the layer for
+    the backward pass would produce the output too. ``:saved`` holds the ops whose outputs the
+    backward reads and their ancestors inside the layer; the rest (``<name>``) produces what the
+    forward consumers read. The split is made only when the bytes ``:saved`` passes on (to the
+    backward and to the rest of the layer) are fewer than the layer's own value.
+    """
+    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+    backward_ops = {info.index for info in infos if info.backward and not info.static}
+    result: list[Group] = []
+    for g in groups:
+        if g.backward or not g.recomputable or len(g.ops) < 2:
+            result.append(g)
+            continue
+        members = set(g.ops)
+        saved = {i for i in g.ops
+                 if any(c in backward_ops for consumers in op_graph.output_consumers[i] for c in consumers)}
+        if not saved:
+            result.append(g)
+            continue
+        for i in reversed(g.ops):  # creation order is topological: ancestors come earlier
+            if i in saved:
+                saved.update(j for j in op_graph.producers[i] if j in members)
+        rest = [i for i in g.ops if i not in saved]
+        part = sorted(saved)
+        if not rest or (node_mem(part, infos, op_graph, "layer", output_tensors)[0]
+                        >= node_mem(g.ops, infos, op_graph, "layer", output_tensors)[0]):
+            result.append(g)
+            continue
+        first = g.sort_key[0]
+        result.append(Group(f"{g.name}:saved", part, False, True, layer=g.layer, order=(first, 0)))
+        result.append(Group(g.name, rest, False, True, layer=g.layer, order=(first, 1)))
+    return result
+
+
+def _split_parameter_gradients(groups: list[Group], infos: Sequence[OpInfo], op_graph: OpGraph,
+                               grad_tensors: Sequence[str]) -> list[Group]:
+    """Give the parameter gradients of each backward group a node of their own (``<name>:params``).
+
+    The gradients are step outputs, resident from the moment they are computed (docs/design.md §3),
+    while the rest of a backward layer (the gradient it passes on) dies once consumed. ``:params``
+    holds the ops producing gradients plus the ops of the group that feed only them. The other ops are
+    split by whether ``:params`` needs them: those it needs run before it (``<name>``), the others
+    after it (``<name>:2``). In this order the tensors crossing between the parts (the gradient of
+    the layer's pre-activation, read by both the weight gradient and the input gradient) die where
+    they die in the unsplit layer, instead of riding along in a node's value until its last user.
+    A group whose ops all feed only gradients becomes a single ``:params`` node.
+    """
+    grad_ops = {t.rsplit(":", 1)[0] for t in grad_tensors}
+    # The non-static ops reading each non-static op (dead ops are static: they never read anything).
+    users = {info.index: {j for j in op_graph.users[info.index] if not infos[j].static}
+             for info in infos if not info.static}
+    result: list[Group] = []
+    for g in groups:
+        params = {i for i in g.ops if infos[i].op.name in grad_ops}
+        if not g.backward or not params:
+            result.append(g)
+            continue
+        for i in reversed(g.ops):  # creation order is topological: users come later
+            if i not in params and users.get(i) and users[i] <= params:
+                params.add(i)
+        # Ops anywhere in the graph that the gradients depend on (paths may leave the group), and
+        # ops that depend on a gradient op. An op of the group that is both (BatchNorm's gradient
+        # w.r.t. beta feeds the one w.r.t. gamma through a small Neg) joins :params: outside it, it
+        # would make the parts depend on each other in a cycle.
+        needed = _reachable(params, infos, op_graph, users, upward=True)
+        fed = _reachable(params, infos, op_graph, users, upward=False)
+        params |= {i for i in g.ops if i in needed and i in fed}
+        rest = [i for i in g.ops if i not in params]
+        before = [i for i in rest if i in needed]
+        after = [i for i in rest if i not in needed]
+        first = g.sort_key[0]
+        named = [p for p in (before, after) if p]
+        for k, part in enumerate(named):
+            result.append(Group(g.name if k == 0 else f"{g.name}:{k + 1}", part, True, g.recomputable,
+                                layer=g.layer, order=(first, 0 if part is before else 2)))
+        result.append(Group(f"{g.name}:params", sorted(params), True, False, layer=g.layer, order=(first, 1)))
+    return result
+
+
+def _reachable(start: set[int], infos: Sequence[OpInfo], op_graph: OpGraph,
+               users: Mapping[int, set[int]], *, upward: bool) -> set[int]:
+    """Non-static ops from which an op of ``start`` is reachable (``upward``: its ancestors) or
+    which are reachable from one (its descendants), through data and control edges."""
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        i = stack.pop()
+        nxt = op_graph.producers[i] if upward else users.get(i, ())
+        for j in nxt:
+            if j not in seen and not infos[j].static:
+                seen.add(j)
+                stack.append(j)
+    return seen
+
+
+def group_dependencies(groups: list[Group], op_graph: OpGraph) -> nx.DiGraph:
+    """Group k depends on group d when one of k's ops reads (data or control) an op of d."""
+    owner = {i: k for k, g in enumerate(groups) for i in g.ops}
+    dg = nx.DiGraph()
+    dg.add_nodes_from(range(len(groups)))
+    for k, g in enumerate(groups):
+        for i in g.ops:
+            for j in op_graph.producers[i]:
+                if j in owner and owner[j] != k:
+                    dg.add_edge(owner[j], k)
+    return dg
+
+
+def merge_cycles(groups: list[Group], op_graph: OpGraph) -> list[Group]:
+    """Merge groups that depend on each other in a cycle (possible only when attribution heuristics
+    interleave two layers); a merged group is non-recomputable if any part was."""
+    dg = group_dependencies(groups, op_graph)
+    if nx.is_directed_acyclic_graph(dg):
+        return groups
+    merged = []
+    for scc in nx.strongly_connected_components(dg):
+        members = sorted(scc, key=lambda k: min(groups[k].ops))
+        if len(members) == 1:
+            merged.append(groups[members[0]])
+            continue
+        ops = sorted(i for k in members for i in groups[k].ops)
+        merged.append(Group("+".join(groups[k].name for k in members), ops,
+                            any(groups[k].backward for k in members),
+                            all(groups[k].recomputable for k in members), layer=groups[members[0]].layer))
+    return merged
+
+
+def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
+                           workspace: Sequence[int], order: Sequence[int]) -> tuple[list[Group], list[str]]:
+    """Split each layer node whose new workspace is large (see the module docstring) into one group
+    per op; also the names of the split groups."""
+    from checkmate.solvers import checkpoint_all_peak
+
+    activations = checkpoint_all_peak(graph) - graph.fixed_mem
+    split: set[int] = set()
+    for node, group in enumerate(order):
+        mem = int(graph.mem[node])
+        if len(groups[group].ops) > 1 and workspace[node] > mem \
+                and new_workspace(groups[group].ops, infos, mem) >= max(mem + 1, WORKSPACE_SPLIT_FRACTION * activations):
+            split.add(group)
+    if not split:
+        return groups, []
+    out: list[Group] = []
+    for k, g in enumerate(groups):
+        if k not in split:
+            out.append(g)
+            continue
+        for p, i in enumerate(sorted(g.ops)):
+            out.append(Group(f"{g.name}:{infos[i].op.type}", [i], g.backward,
+                             g.recomputable and infos[i].recomputable, g.layer, order=(*g.sort_key, p)))
+    return out, sorted(groups[k].name for k in split)

@@ -1,0 +1,255 @@
+"""The traced step's ops: their graph, built once, and their classification (docs/design.md §1, §6).
+
+:class:`OpGraph` holds the edges of the traced step's ops: name -> index, the producers of each op's
+data and control inputs, the consumers of each output, and each op's users through data and control
+edges. It is built once per traced step, and every later stage reads it instead of walking the ops'
+inputs and ``control_inputs`` again.
+
+:func:`classify_ops` classifies every op of the step's FuncGraph:
+
+* **static** ops run once and are never recomputed; their outputs are not activations. They are the
+  placeholders (batch, labels, captured variable handles), constants, and every stateless op whose
+  data *and control* inputs are all static (shape arithmetic, reads of variables the step never
+  assigns and arithmetic on them). The final ``Identity`` ops of the function's outputs and the
+  ``NoOp`` that collects its side effects are static too ("terminal": created by ``tf.function``
+  after the step returns). Reads of unassigned variables are static even though TF marks
+  ``ReadVariableOp`` stateful: re-reading an unchanged variable is harmless.
+* every other op belongs to exactly one graph **node**. Its data outputs are activations.
+* **dead** ops, which no output or side effect depends on (Conv2D's gradient computes the gradient
+  w.r.t. the batch although nothing uses it), are in no node: TF prunes them when it instantiates the
+  function. They are listed in ``metadata["dead_ops"]``.
+
+Forward/backward: ops created while ``tape.gradient`` runs are backward, the others forward. This is
+a reachability split in the sense that matters: no forward op depends on a backward op (checked), and
+every op on the path from the gradient seed to the gradients is backward. A pure "descendant of the
+seed" rule would call forward the ops that the gradient code adds on forward values only (the ``Neg``
+of the loss sum in ``div_no_nan``'s gradient, BN's recomputed ``x - mean``), although they run, and
+are only needed, in the backward pass.
+
+Recomputability: an op is not recomputable when it reads a variable the step assigns (the copy would
+read the updated value), is stateful (assigns, stateful random ops, anything TF registers as stateful
+other than reads of unassigned variables), or is an opaque call/loop; a node holding such an op is
+``recomputable=False``.
+
+Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
+non-recomputable node, with a warning (its internal memory is not modelled). Tensors that cannot be
+sized (variant tensors such as TensorLists of a ``While`` loop, unknown shapes, strings) raise
+:class:`~checkmate.errors.UnsupportedOpError` naming the op.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import tensorflow as tf
+
+from checkmate.errors import UnsupportedOpError
+from checkmate.tf2 import _compat
+from checkmate.tf2.lowering.trace import TracedStep
+
+__all__ = ["OpGraph", "OpInfo", "classify_ops", "tensor_bytes", "warn_opaque"]
+
+# Ops that read a resource without changing it: static when the resource is never written.
+_RESOURCE_READ_TYPES = frozenset({
+    "ReadVariableOp", "ResourceGather", "ResourceGatherNd", "VariableShape", "VarIsInitializedOp",
+})
+# Ops that create resource handles (sources of resource tensors).
+_RESOURCE_SOURCE_TYPES = frozenset({"Placeholder", "VarHandleOp", "_Arg"})
+# Ops whose body is a function or a loop: checkmate cannot split or size their internals.
+_OPAQUE_TYPES = frozenset({
+    "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
+    "StatefulPartitionedCall", "RemoteCall", "For", "SymbolicGradient",
+})
+# Ops that pass their input resource handle through (used to find which variable an op touches).
+_PASSTHROUGH_TYPES = frozenset({"Identity", "IdentityN"})
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """The ops of a traced step in creation (topological) order, and their edges by op index.
+
+    ``producers[i]`` lists the producers of op i's data inputs, in input order, then of its control
+    inputs (a producer read twice is listed twice); ``users[i]`` the ops that read op i through a data
+    edge or that have it as a control input (its control outputs), ascending, each once.
+    """
+
+    ops: tuple[Any, ...]
+    index: Mapping[str, int]
+    inputs: tuple[tuple[int, ...], ...]
+    control_inputs: tuple[tuple[int, ...], ...]
+    producers: tuple[tuple[int, ...], ...]
+    # per op, per output: the ops reading that output (data edges)
+    output_consumers: tuple[tuple[tuple[int, ...], ...], ...]
+    users: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, traced: TracedStep) -> OpGraph:
+        ops = tuple(traced.function.graph.get_operations())
+        index = {op.name: i for i, op in enumerate(ops)}
+        inputs = tuple(tuple(index[t.op.name] for t in op.inputs) for op in ops)
+        control_inputs = tuple(tuple(index[c.name] for c in op.control_inputs) for op in ops)
+        output_consumers: list[list[list[int]]] = [[[] for _ in op.outputs] for op in ops]
+        users: list[set[int]] = [set() for _ in ops]
+        for j, op in enumerate(ops):
+            for t, i in zip(op.inputs, inputs[j]):
+                output_consumers[i][t.value_index].append(j)
+                users[i].add(j)
+            for i in control_inputs[j]:
+                users[i].add(j)
+        return cls(
+            ops=ops,
+            index=index,
+            inputs=inputs,
+            control_inputs=control_inputs,
+            producers=tuple(d + c for d, c in zip(inputs, control_inputs)),
+            output_consumers=tuple(tuple(tuple(c) for c in per_op) for per_op in output_consumers),
+            users=tuple(tuple(sorted(u)) for u in users),
+        )
+
+
+def tensor_bytes(t: tf.Tensor) -> int | None:
+    """Static size of ``t`` in bytes, or None when it cannot be known (variant, unknown shape, string)."""
+    dtype = t.dtype
+    if dtype in (tf.variant, tf.resource, tf.string) or not t.shape.is_fully_defined():
+        return None
+    return int(t.shape.num_elements()) * int(dtype.size)
+
+
+def _describe_unsizeable(t: tf.Tensor) -> str:
+    if t.dtype == tf.variant:
+        return f"output {t.name} is a variant tensor (a TensorList of a loop or similar)"
+    if t.dtype == tf.resource:
+        return f"output {t.name} is a resource handle"
+    if t.dtype == tf.string:
+        return f"output {t.name} is a string tensor"
+    return f"output {t.name} has a dynamic shape {t.shape}"
+
+
+@dataclass
+class OpInfo:
+    op: Any
+    index: int
+    static: bool
+    backward: bool = False
+    recomputable: bool = True
+    opaque: bool = False
+    bytes: int = 0
+    out_bytes: tuple[int, ...] = ()
+    dead: bool = False  # never runs: TF prunes it (static for the contract, listed in metadata)
+
+
+def _resource_source(t: tf.Tensor) -> str:
+    """Name of the op that created the resource ``t`` (following Identity pass-throughs)."""
+    seen = 0
+    while t.op.type in _PASSTHROUGH_TYPES and t.op.inputs and seen < 64:
+        t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
+        seen += 1
+    return t.op.name
+
+
+def _is_opaque(op) -> bool:
+    if op.type in _OPAQUE_TYPES:
+        return True
+    try:
+        return any(op.node_def.attr[a].HasField("func") for a in op.node_def.attr)
+    except Exception:  # noqa: BLE001 - unusual NodeDefs are simply not opaque
+        return False
+
+
+def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[OpInfo]:
+    """Classify every op of the traced step (static or not, backward, recomputable, bytes).
+
+    ``op_graph`` is the step's :class:`OpGraph` (built here when not given)."""
+    if op_graph is None:
+        op_graph = OpGraph.of(traced)
+    ops = op_graph.ops
+    batch_ops = {op_graph.index[name] for name in (*traced.input_names, *traced.label_names)}
+
+    # Resources written by the step: inputs of any stateful op that is not a pure read.
+    written: set[str] = set()
+    for op in ops:
+        if op.type in _RESOURCE_READ_TYPES or op.type in _RESOURCE_SOURCE_TYPES:
+            continue
+        if not _compat.op_is_stateful(op):
+            continue
+        for t in op.inputs:
+            if t.dtype == tf.resource:
+                written.add(_resource_source(t))
+
+    # Live ops: ancestors of the function's outputs and of its side-effect collector. TF prunes the
+    # rest when it instantiates the function (e.g. the gradient of a first convolution w.r.t. the
+    # batch, which Conv2D's gradient computes although nothing uses it).
+    live: set[int] = set()
+    stack = list(range(traced.terminal_start, len(ops)))
+    while stack:
+        i = stack.pop()
+        if i in live:
+            continue
+        live.add(i)
+        stack.extend(op_graph.producers[i])
+
+    infos: list[OpInfo] = []
+    for index, op in enumerate(ops):
+        info = OpInfo(op=op, index=index, static=True)
+        infos.append(info)
+        if index >= traced.terminal_start:
+            continue  # the function's output identities and side-effect collector
+        if index not in live:
+            info.dead = True
+            continue
+        if index in batch_ops or op.type in _RESOURCE_SOURCE_TYPES:
+            continue
+        depends = any(j in batch_ops or not infos[j].static for j in op_graph.inputs[index]) \
+            or any(not infos[j].static for j in op_graph.control_inputs[index])
+        reads_written = (op.type in _RESOURCE_READ_TYPES
+                         and any(t.dtype == tf.resource and _resource_source(t) in written for t in op.inputs))
+        harmless_read = op.type in _RESOURCE_READ_TYPES and not reads_written
+        stateful = _compat.op_is_stateful(op) and not harmless_read
+        opaque = _is_opaque(op)
+        if not (depends or reads_written or stateful):
+            continue
+        info.static = False
+        info.opaque = opaque
+        info.recomputable = not (reads_written or stateful or opaque)
+        info.backward = index >= traced.grad_start
+        sizes = []
+        for t in op.outputs:
+            size = tensor_bytes(t)
+            if size is None:
+                kind = "an opaque function call or loop whose " if opaque else ""
+                raise UnsupportedOpError(
+                    f"cannot size op {op.name!r} ({op.type}): {kind}{_describe_unsizeable(t)}; "
+                    + _unsizeable_hint(op, ops))
+            sizes.append(size)
+        info.out_bytes = tuple(sizes)
+        info.bytes = int(sum(sizes))
+
+    for info in infos:
+        if info.static or info.backward:
+            continue
+        for t, j in zip(info.op.inputs, op_graph.inputs[info.index]):
+            src = infos[j]
+            if not src.static and src.backward:
+                raise UnsupportedOpError(
+                    f"op {info.op.name!r} ({info.op.type}) runs before the gradient but reads "
+                    f"{t.name}, which the gradient computation produces")
+    return infos
+
+
+def _unsizeable_hint(op, ops) -> str:
+    loops = [o for o in ops if o.type in ("While", "StatelessWhile")]
+    if loops:
+        return (f"the step contains the loop {loops[0].name!r} ({loops[0].type}), whose TensorList "
+                "accumulators cannot be sized; loops (RNN layers) are not supported")
+    return "checkmate needs every activation to have a static size (use fixed-shape input specs)"
+
+
+def warn_opaque(infos: Sequence[OpInfo], warn: list[str]) -> None:
+    for info in infos:
+        if info.opaque and not info.static:
+            message = (f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
+                       "non-recomputable node and its internal memory is not modelled")
+            warn.append(message)
+            warnings.warn(message, UserWarning, stacklevel=3)

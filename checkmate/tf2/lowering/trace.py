@@ -1,0 +1,223 @@
+"""Tracing the training step: the first stage of the lowering (docs/design.md §1, §6).
+
+:func:`trace_step` traces one training step, ``(x, y) -> (loss, *grads)``, as a ``tf.function`` with
+fixed-batch ``TensorSpec``\\ s, so that every tensor has a static shape. While tracing it records the
+op count at each phase (the model call, the loss, ``tape.gradient``, and the function's output
+identities that ``tf.function`` adds after the step returns), which later stages use to tell forward
+ops from backward ones, and which ops each top-level Keras layer call creates (the layer-call
+watcher), by which the layer level attributes ops to layers.
+
+Loss resolution: a callable or a Keras loss name as given; for a model with several outputs a list
+or dict of losses, one per output, whose scalar values are summed as in ``keras.Model.compile``. The
+step differentiates that scalar (its mean if the loss is not a scalar) plus the model's own losses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import tensorflow as tf
+
+from checkmate.errors import InvalidArgumentError
+from checkmate.tf2 import _compat
+
+__all__ = ["TracedStep", "trace_step", "training_loss"]
+
+
+@dataclass
+class TracedStep:
+    """The traced step and what was recorded while tracing it."""
+
+    function: Any
+    loss_tensor: str
+    grad_tensors: tuple[str, ...]
+    input_names: tuple[str, ...]
+    label_names: tuple[str, ...]
+    variables: tuple[Any, ...]
+    model_start: int
+    loss_start: int
+    grad_start: int
+    terminal_start: int
+    # (layer name, first op index, end op index) of every call of a top-level layer
+    layer_calls: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+def _as_specs(spec: Any, what: str) -> Any:
+    """Normalise ``spec`` (a TensorSpec, a shape tuple, or a nest of them) and require static shapes."""
+    def convert(s):
+        if isinstance(s, tf.TensorSpec):
+            out = s
+        elif isinstance(s, (tuple, list)) and all(isinstance(d, (int, np.integer)) for d in s):
+            out = tf.TensorSpec(tuple(int(d) for d in s), tf.float32)
+        elif hasattr(s, "shape") and hasattr(s, "dtype"):
+            out = tf.TensorSpec(s.shape, s.dtype)
+        else:
+            raise InvalidArgumentError(f"{what}: expected a tf.TensorSpec, got {s!r}")
+        if not out.shape.is_fully_defined():
+            raise InvalidArgumentError(
+                f"{what} {out} must have a fixed shape, batch size included (e.g. TensorSpec((32, 224, 224, 3)))")
+        return out
+
+    if isinstance(spec, (tuple, list)) and spec and all(isinstance(d, (int, np.integer)) for d in spec):
+        return convert(spec)
+    return tf.nest.map_structure(convert, spec)
+
+
+def _resolve_loss(loss: Any, model: Any = None) -> Callable:
+    """A callable ``loss(y, pred)``: a callable or a Keras loss name as given; for a model with several
+    outputs, a list of losses (one per output, ``None`` for an output without one) or a dict from
+    output names to losses, whose scalar values are summed as in ``keras.Model.compile``."""
+    if callable(loss):
+        return loss
+    if isinstance(loss, (list, tuple, dict)):
+        return _per_output_loss(loss, model)
+    try:
+        import keras
+
+        return keras.losses.get(loss)
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgumentError(f"unknown loss {loss!r}: {exc}") from None
+
+
+def _per_output_loss(losses: Any, model: Any) -> Callable:
+    names = list(getattr(model, "output_names", None) or [])
+    if isinstance(losses, dict):
+        unknown = sorted(set(losses) - set(names))
+        if unknown:
+            raise InvalidArgumentError(f"loss names {unknown} are not outputs of the model (outputs: {names})")
+        entries = [(names.index(key), key, fn) for key, fn in losses.items()]
+    else:
+        if names and len(losses) != len(names):
+            raise InvalidArgumentError(f"{len(losses)} losses for a model with {len(names)} outputs {names}")
+        entries = [(k, names[k] if k < len(names) else None, fn) for k, fn in enumerate(losses)]
+    entries = [(k, key, _resolve_loss(fn)) for k, key, fn in entries if fn is not None]
+    if not entries:
+        raise InvalidArgumentError("every output's loss is None: there is nothing to differentiate")
+
+    def pick(values: Any, index: int, key: str | None, what: str) -> Any:
+        if isinstance(values, dict):
+            if key not in values:
+                raise InvalidArgumentError(f"{what} has no entry for output {key!r} (keys: {sorted(values)})")
+            return values[key]
+        if isinstance(values, (list, tuple)):
+            return values[index]
+        raise InvalidArgumentError(f"a loss per output needs {what} as a list or dict, one entry per output")
+
+    def combined(y: Any, pred: Any) -> tf.Tensor:
+        return tf.add_n([_scalar_loss(fn(pick(y, k, key, "the labels"), pick(pred, k, key, "the model's output")))
+                         for k, key, fn in entries])
+
+    return combined
+
+
+def _scalar_loss(value: Any) -> tf.Tensor:
+    value = tf.convert_to_tensor(value)
+    if value.shape.rank != 0:
+        value = tf.reduce_mean(value)
+    return value
+
+
+def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
+    """The scalar that the lowered step differentiates: ``loss(y, pred)`` (its mean if it is not a
+    scalar) plus the model's own losses (regularizers, ``add_loss``)."""
+    value = _scalar_loss(_resolve_loss(loss, model)(y, pred))
+    extra = list(getattr(model, "losses", []) or [])
+    if extra:
+        value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
+    return value
+
+
+def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> TracedStep:
+    """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges."""
+    input_spec = _as_specs(input_spec, "input_spec")
+    label_spec = _as_specs(label_spec, "label_spec")
+    if not getattr(model, "built", True):
+        # Calling the model creates its variables; build(shape) does not for a subclassed model without
+        # a build() of its own. One sample in inference mode: no state (BatchNorm, dropout seed) moves.
+        def one_sample(spec):
+            shape = spec.shape.as_list()
+            return tf.zeros(shape[:1] and [1] + shape[1:], spec.dtype)
+
+        model(tf.nest.map_structure(one_sample, input_spec), training=False)
+    variables = tuple(model.trainable_variables)
+    if not variables:
+        raise InvalidArgumentError("the model has no trainable variables: there is no gradient to lower")
+    loss_fn = _resolve_loss(loss, model)
+    marks: dict[str, Any] = {}
+    calls: list[tuple[str, int, int]] = []
+
+    def step(x, y):
+        marks["model_start"] = _compat.current_graph_op_count()
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            marks["loss_start"] = _compat.current_graph_op_count()
+            value = training_loss(model, loss_fn, y, pred)
+        marks["grad_start"] = _compat.current_graph_op_count()
+        grads = tape.gradient(value, list(variables))
+        # A variable the loss does not use (an output head the loss ignores) gets a constant zero
+        # gradient. Not through UnconnectedGradients.ZERO: TF 2.21 cannot build that zero for a Keras 3
+        # variable, whose dtype is a string.
+        grads = [tf.zeros(v.shape, tf.as_dtype(v.dtype)) if g is None else g for g, v in zip(grads, variables)]
+        # Sparse gradients (embeddings) are densified so that the step returns one tensor per variable.
+        grads = [tf.convert_to_tensor(g) for g in grads]
+        marks["loss"] = value.name
+        marks["grads"] = tuple(g.name for g in grads)
+        marks["terminal_start"] = _compat.current_graph_op_count()
+        return (value, *grads)
+
+    with _watch_layer_calls(model, calls):
+        function = tf.function(step).get_concrete_function(input_spec, label_spec)
+
+    n_in = len(tf.nest.flatten(input_spec))
+    n_lab = len(tf.nest.flatten(label_spec))
+    flat_inputs = function.inputs[: n_in + n_lab]
+    return TracedStep(
+        function=function,
+        loss_tensor=marks["loss"],
+        grad_tensors=marks["grads"],
+        input_names=tuple(t.op.name for t in flat_inputs[:n_in]),
+        label_names=tuple(t.op.name for t in flat_inputs[n_in:]),
+        variables=variables,
+        model_start=marks["model_start"],
+        loss_start=marks["loss_start"],
+        grad_start=marks["grad_start"],
+        terminal_start=marks["terminal_start"],
+        layer_calls=calls,
+    )
+
+
+class _watch_layer_calls:
+    """Record, while tracing, which ops each top-level layer call creates.
+
+    Wraps the public ``call`` method of each top-level layer with an instance attribute (Keras 3
+    invokes ``self.call``), and removes the wrappers on exit.
+    """
+
+    def __init__(self, model: Any, calls: list):
+        self.model = model
+        self.calls = calls
+        self.layers: list = []
+
+    def __enter__(self):
+        for layer in getattr(self.model, "layers", []) or []:
+            if "call" in vars(layer):
+                continue
+            original = layer.call
+
+            def wrapped(*args, __original=original, __name=layer.name, **kwargs):
+                start = _compat.current_graph_op_count()
+                try:
+                    return __original(*args, **kwargs)
+                finally:
+                    self.calls.append((__name, start, _compat.current_graph_op_count()))
+
+            object.__setattr__(layer, "call", wrapped)
+            self.layers.append(layer)
+        return self
+
+    def __exit__(self, *exc):
+        for layer in self.layers:
+            vars(layer).pop("call", None)
+        return False
