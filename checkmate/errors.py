@@ -7,6 +7,8 @@ differently, and the CLI maps each to its own exit code.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CheckmateError",
     "InvalidGraphError",
@@ -36,15 +38,24 @@ class InfeasibleBudgetError(CheckmateError):
     """No schedule of the requested strategy fits the memory budget.
 
     ``min_feasible_budget_bytes`` is the smallest budget at which the strategy does find a schedule
-    (``None`` only when even that could not be established).
+    (``None`` only when even that could not be established). ``minimum`` is the MILP strategies'
+    bracket on that budget (a :class:`checkmate.solvers.milp.MinimumBudget`, with the schedule that
+    fits it), ``None`` for the other strategies.
     """
 
+    budget_bytes: int | None
+    min_feasible_budget_bytes: int | None
+    strategy: str | None
+    minimum: Any
+
     def __init__(self, message: str, *, budget_bytes: int | None = None,
-                 min_feasible_budget_bytes: int | None = None, strategy: str | None = None):
+                 min_feasible_budget_bytes: int | None = None, strategy: str | None = None,
+                 minimum: Any = None):
         super().__init__(message)
         self.budget_bytes = budget_bytes
         self.min_feasible_budget_bytes = min_feasible_budget_bytes
         self.strategy = strategy
+        self.minimum = minimum
 
 
 class SolverError(CheckmateError):

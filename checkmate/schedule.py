@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from checkmate.errors import InvalidScheduleError
+from checkmate.graph import _atomic_write_json
 from checkmate.simulate import walk
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -184,8 +185,6 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
-    from checkmate.graph import _atomic_write_json
-
     _atomic_write_json(Path(path), schedule.to_dict())
 
 

@@ -21,7 +21,7 @@ peak without trusting how the plan was made.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -29,10 +29,21 @@ from checkmate.errors import InvalidScheduleError
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
-    from checkmate.schedule import Schedule
 
 __all__ = ["simulate", "walk", "replay_plan", "SimulationResult", "TimelineStep", "PlanReplay",
-           "validate_schedule", "peak_memory_bytes"]
+           "validate_schedule", "peak_memory_bytes", "Matrices"]
+
+
+class Matrices(Protocol):
+    """What the simulator reads of a schedule (:class:`checkmate.schedule.Schedule` is one): the
+    memory model is defined on (R, S) alone, so it sits below the Schedule type, which it produces
+    plans for."""
+
+    @property
+    def recompute(self) -> np.ndarray: ...
+
+    @property
+    def retain(self) -> np.ndarray: ...
 
 
 @dataclass(frozen=True)
@@ -202,7 +213,7 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     return int(graph.fixed_mem) + (int(during.max()) if during.size else 0)
 
 
-def simulate(graph: "Graph", schedule: "Schedule") -> SimulationResult:
+def simulate(graph: "Graph", schedule: Matrices) -> SimulationResult:
     """Replay ``schedule`` on ``graph``: peak bytes, compute cost, timeline and rule violations."""
     timeline: list[TimelineStep] = []
     violations: list[str] = []
@@ -225,7 +236,7 @@ def simulate(graph: "Graph", schedule: "Schedule") -> SimulationResult:
     )
 
 
-def validate_schedule(graph: "Graph", schedule: "Schedule") -> SimulationResult:
+def validate_schedule(graph: "Graph", schedule: Matrices) -> SimulationResult:
     """Simulate and raise :class:`InvalidScheduleError` listing the first violations, if any."""
     result = simulate(graph, schedule)
     if not result.valid:

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from checkmate.analysis.models import extract_graph
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, InvalidGraphError, SolverError
 from checkmate.graph import Graph, Node
 from checkmate.solvers import get_strategy, solve
@@ -220,8 +221,6 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
     machine's free memory) runs the compiled step there and records its measured peak. Graphs are
     the compact layer graphs by default (``gradient_nodes``: see :func:`checkmate.tf2.lowering.lower`),
     which the MILP solves fastest across the many probes of the search."""
-    from checkmate.analysis.models import extract_graph
-
     def extract(b: int) -> Graph:
         return extract_graph(model, b, input_shape=input_shape, level=level, cost_model=cost_model,
                              gradient_nodes=gradient_nodes)

@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from checkmate.analysis.sweep_data import SweepResult, SweepRow
 from checkmate.errors import InvalidArgumentError
-
-if TYPE_CHECKING:  # pragma: no cover
-    from checkmate.analysis.sweep import SweepResult, SweepRow
-    from checkmate.graph import Graph
-    from checkmate.schedule import Schedule
+from checkmate.graph import Graph
+from checkmate.schedule import Schedule
+from checkmate.simulate import simulate
+from checkmate.solvers.registry import STRATEGIES
 
 __all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label"]
 
@@ -34,6 +34,8 @@ _LABELS = {
     "checkmate_lp_rounding": "Checkmate LP rounding",
     "checkmate_milp": "Checkmate MILP (optimal)",
     "lower_bound_lp": "LP lower bound",
+    "hierarchical": "Hierarchical (blocks + DP)",
+    "auto": "Auto",
 }
 _STYLE = {
     "checkpoint_all": ("tab:gray", "s"),
@@ -46,6 +48,8 @@ _STYLE = {
     "checkmate_lp_rounding": ("tab:green", "P"),
     "checkmate_milp": ("tab:red", "*"),
     "lower_bound_lp": ("black", None),
+    "hierarchical": ("tab:pink", "X"),
+    "auto": ("tab:olive", "h"),
 }
 
 
@@ -58,6 +62,11 @@ def _style(strategy: str, index: int) -> tuple[str, str | None]:
         return _STYLE[strategy]
     palette = ["tab:olive", "tab:pink", "darkblue", "darkgreen"]
     return palette[index % len(palette)], "x"
+
+
+def _is_bound_only(strategy: str) -> bool:
+    spec = STRATEGIES.get(strategy)
+    return spec is not None and spec.bound_only
 
 
 def byte_unit(max_bytes: float) -> tuple[str, float]:
@@ -85,7 +94,7 @@ def save_figure(fig, path: str | os.PathLike, dpi: int) -> Path:
 
 
 # ------------------------------------------------------------------------------------ budget sweep
-def plot_budget_sweep(result: "SweepResult | Sequence[SweepRow]", path: str | os.PathLike, *,
+def plot_budget_sweep(result: SweepResult | Sequence[SweepRow], path: str | os.PathLike, *,
                       title: str | None = None, ax=None, dpi: int = 150) -> Path | None:
     """Compute overhead (x of one plain step) against memory budget, one line per strategy.
 
@@ -94,8 +103,6 @@ def plot_budget_sweep(result: "SweepResult | Sequence[SweepRow]", path: str | os
     A strategy's line starts at the first budget it fits: the gap between line starts is what a
     better scheduler buys. Pass ``ax`` to draw into an existing axes (then nothing is saved).
     """
-    from checkmate.analysis.sweep import SweepResult
-
     if isinstance(result, SweepResult):
         rows = list(result.rows)
         strategies = list(result.strategies)
@@ -123,10 +130,10 @@ def plot_budget_sweep(result: "SweepResult | Sequence[SweepRow]", path: str | os
     for index, strategy in enumerate(strategies):
         srows = sorted((r for r in rows if r.strategy == strategy), key=lambda r: r.budget_bytes)
         color, marker = _style(strategy, index)
-        if strategy == "lower_bound_lp" or all(r.compute_cost is None for r in srows):
+        if _is_bound_only(strategy) or all(r.compute_cost is None for r in srows):
             pts = [(r.budget_bytes / scale, r.lower_bound / r.baseline_cost) for r in srows
                    if r.lower_bound is not None and r.baseline_cost > 0 and r.feasible is not False]
-            if strategy == "lower_bound_lp" and pts:
+            if _is_bound_only(strategy) and pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, linestyle="--", color=color, linewidth=1.0, label=label(strategy), zorder=2)
                 drawn += 1
@@ -173,8 +180,6 @@ def plot_schedule(graph: "Graph", schedule: "Schedule", path: str | os.PathLike,
     """The schedule's R (what runs in each stage) and S (what is kept into each stage) matrices side by
     side, above the memory in use while each op runs, from :func:`checkmate.simulate.simulate`."""
     from matplotlib.colors import ListedColormap
-
-    from checkmate.simulate import simulate
 
     if schedule.recompute.shape != (graph.n, graph.n):
         raise InvalidArgumentError(f"the schedule is for {schedule.recompute.shape[0]} nodes, the graph has {graph.n}")

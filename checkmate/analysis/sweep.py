@@ -19,16 +19,22 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from checkmate.analysis.executors import EXECUTORS, run_tasks
+from checkmate.analysis.plots import plot_budget_sweep
+from checkmate.analysis.sweep_data import CSV_COLUMNS, SweepResult, SweepRow
+from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.graph import Graph, graph_from_dict
-from checkmate.solvers import STRATEGIES, checkpoint_all_peak, get_strategy, solve
+from checkmate.solvers import solve
+from checkmate.solvers.minimum_budget import sweep_frontier_budget
+from checkmate.solvers.registry import STRATEGIES, get_strategy
 
-__all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "minimum_feasible_budget", "trivial_budget_bound",
+__all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "sweep_frontier_budget", "minimum_feasible_budget",
+           "trivial_budget_bound",
            "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "load_sweep_json",
            "check_consistency", "CSV_COLUMNS"]
 
@@ -40,64 +46,6 @@ _DEFAULT_ORDER = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn"
 EXACT_STRATEGY = "checkmate_milp"
 # Relative slack for comparing costs computed as float sums in different orders.
 _COST_RTOL = 1e-9
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    """One (strategy, budget) cell of a sweep."""
-
-    graph: str
-    strategy: str
-    budget_bytes: int
-    feasible: bool | None          # None: the solver failed (see status)
-    compute_cost: float | None
-    baseline_cost: float
-    overhead: float | None         # compute_cost / baseline_cost
-    peak_memory_bytes: int | None
-    lower_bound: float | None      # the strategy's own proven bound on the optimal cost, if it gives one
-    best_lower_bound: float | None  # the best bound any strategy of the sweep proved at this budget
-    gap: float | None              # (compute_cost - best_lower_bound) / compute_cost
-    solve_seconds: float | None
-    optimal: bool
-    status: str
-    solver: str | None = None
-    min_feasible_budget_bytes: int | None = None
-
-
-CSV_COLUMNS = tuple(f.name for f in fields(SweepRow))
-
-
-@dataclass
-class SweepResult:
-    graph_name: str
-    nodes: int
-    budgets: list[int]
-    strategies: list[str]
-    rows: list[SweepRow]
-    checkpoint_all_peak_bytes: int
-    min_feasible_budget_bytes: int
-    trivial_bound_bytes: int
-    baseline_cost: float
-    wall_seconds: float = 0.0
-    meta: dict = field(default_factory=dict)
-
-    def rows_for(self, strategy: str) -> list[SweepRow]:
-        return sorted((r for r in self.rows if r.strategy == strategy), key=lambda r: r.budget_bytes)
-
-    def to_json_dict(self) -> dict:
-        return {
-            "graph": self.graph_name,
-            "nodes": self.nodes,
-            "budgets": self.budgets,
-            "strategies": self.strategies,
-            "checkpoint_all_peak_bytes": self.checkpoint_all_peak_bytes,
-            "min_feasible_budget_bytes": self.min_feasible_budget_bytes,
-            "trivial_bound_bytes": self.trivial_bound_bytes,
-            "baseline_cost": self.baseline_cost,
-            "wall_seconds": self.wall_seconds,
-            "meta": self.meta,
-            "rows": [asdict(r) for r in self.rows],
-        }
 
 
 # ------------------------------------------------------------------------------------ strategies
@@ -172,31 +120,9 @@ def _solve_task(graph_payload: Any, task: _Task) -> dict:
             "status": r.status, "solver": r.solver, "min_feasible_budget_bytes": None}
 
 
-def trivial_budget_bound(graph: Graph) -> int:
-    """No schedule fits below ``fixed + max_k (mem[k] + sum of k's inputs)``: computing k alone needs it."""
-    need = max(int(graph.mem[k]) + sum(int(graph.mem[d]) for d in graph.deps[k]) for k in range(graph.n))
-    return int(graph.fixed_mem) + need
-
-
-def minimum_feasible_budget(graph: Graph, strategies: Sequence[str], probes: dict[str, dict] | None = None) -> int:
-    """The smallest budget at which one of ``strategies`` finds a schedule, from probe solves.
-
-    ``probes`` maps each strategy to its solve at the trivial bound (budget-aware strategies) or at an
-    unlimited budget (the others, whose peak is then their minimum). Strategies that cannot tell
-    their minimum (no ``min_feasible_budget_bytes``) do not contribute; if none can, the trivial bound
-    is returned.
-    """
-    trivial = trivial_budget_bound(graph)
-    candidates = []
-    for name, row in (probes or {}).items():
-        if row["feasible"] and row["peak_memory_bytes"] is not None:
-            spec = STRATEGIES[name]
-            candidates.append(trivial if spec.budget_aware else int(row["peak_memory_bytes"]))
-        elif row["feasible"] and row["compute_cost"] is None and STRATEGIES[name].budget_aware:
-            continue  # a bound-only strategy says nothing about schedules existing
-        elif row["feasible"] is False and row.get("min_feasible_budget_bytes") is not None:
-            candidates.append(int(row["min_feasible_budget_bytes"]))
-    return max(trivial, min(candidates)) if candidates else trivial
+# Earlier names, kept importable: the sweep's frontier and the working-set lower bound.
+minimum_feasible_budget = sweep_frontier_budget
+trivial_budget_bound = largest_working_set_bytes
 
 
 def budget_grid(low_bytes: int, high_bytes: int, count: int) -> list[int]:
@@ -212,7 +138,7 @@ def budget_grid(low_bytes: int, high_bytes: int, count: int) -> list[int]:
 
 
 def _is_bound_only(name: str) -> bool:
-    return name == "lower_bound_lp"
+    return STRATEGIES[name].bound_only
 
 
 def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int | Sequence[int] = 10,
@@ -231,7 +157,7 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     # Solver threads stay at the backend default: HiGHS runs its MIP search on one thread regardless.
     threads = None
     peak_all = checkpoint_all_peak(graph)
-    trivial = trivial_budget_bound(graph)
+    trivial = largest_working_set_bytes(graph)
     unaware = [s for s in names if not STRATEGIES[s].budget_aware]
     aware = [s for s in names if STRATEGIES[s].budget_aware]
 
@@ -252,9 +178,9 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
         grid = sorted({int(b) for b in budgets})  # type: ignore[union-attr]
         if not grid or grid[0] <= 0:
             raise InvalidArgumentError("explicit sweep budgets must be positive byte counts")
-        low = minimum_feasible_budget(graph, unaware, probes)
+        low = sweep_frontier_budget(graph, unaware, probes)
     else:
-        low = minimum_feasible_budget(graph, names, probes)
+        low = sweep_frontier_budget(graph, names, probes)
         grid = budget_grid(low, max(low, peak_all), int(budgets))
 
     known = {(t.strategy, t.budget_bytes): row for t, row in zip(probe_tasks, probe_rows)
@@ -373,8 +299,6 @@ def write_sweep(result: SweepResult, out_dir: str | os.PathLike, *, stem: str = 
             writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
     paths["json"].write_text(json.dumps(result.to_json_dict(), indent=1) + "\n")
     if plot:
-        from checkmate.analysis.plots import plot_budget_sweep
-
         paths["png"] = out / f"{stem}.png"
         plot_budget_sweep(result, paths["png"], title=title)
     return paths

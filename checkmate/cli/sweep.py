@@ -57,6 +57,7 @@ def _graph_from_args(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from checkmate.analysis.sweep import sweep, write_sweep
     from checkmate.solvers import format_bytes
+    from checkmate.solvers.registry import STRATEGIES
 
     graph = _graph_from_args(args)
     result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             first = rows[0]
             text = (f"feasible from {format_bytes(first.budget_bytes)}, overhead {first.overhead:.3f}x there, "
                     f"{rows[-1].overhead:.3f}x at {format_bytes(rows[-1].budget_bytes)}")
-        elif name == "lower_bound_lp":
+        elif STRATEGIES[name].bound_only:
             bounds = [r for r in result.rows_for(name) if r.lower_bound is not None]
             text = f"bounds at {len(bounds)} budgets"
         else:

@@ -27,13 +27,15 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
+from checkmate.bounds import InputIndex, checkpoint_all_schedule, drop_holds_unread_by, last_use_stage
+from checkmate.budgets import format_bytes
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError
 from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import peak_memory_bytes
+from checkmate.solvers.types import SolveOptions, StrategyOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
-    from checkmate.solvers import SolveOptions, StrategyOutput
 
 __all__ = ["checkpoint_all", "checkpoint_all_schedule", "last_use_stage", "checkpoint_last_node",
            "checkpoint_last_node_schedule", "chen_sqrtn", "chen_sqrtn_linearized", "chen_sqrtn_schedule",
@@ -41,65 +43,12 @@ __all__ = ["checkpoint_all", "checkpoint_all_schedule", "last_use_stage", "check
            "griewank_logn", "griewank_schedule", "revolve_table", "revolve_snapshots"]
 
 
-def last_use_stage(graph: "Graph") -> np.ndarray:
-    """For each value, the last stage whose first-time computation reads it (own stage if none).
-
-    Output values are held to the end, so their last stage is ``n - 1``.
-    """
-    last = np.array([max(users) if users else i for i, users in enumerate(graph.users)], dtype=np.int64)
-    last[graph.output] = graph.n - 1
-    return last
-
-
-def checkpoint_all_schedule(graph: "Graph") -> Schedule:
-    """Keep every value from its computation until its last use: each node runs exactly once."""
-    n = graph.n
-    last = last_use_stage(graph)
-    t = np.arange(n)[:, None]
-    i = np.arange(n)[None, :]
-    retain = (i < t) & (t <= last[None, :])
-    return Schedule.from_retain(graph, retain, strategy="checkpoint_all")
-
-
-def checkpoint_all(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    from checkmate.solvers import StrategyOutput
-
+def checkpoint_all(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     return StrategyOutput(checkpoint_all_schedule(graph))
 
 
 # ------------------------------------------------------------------------------- making S valid
-class _Edges:
-    """The graph's inputs lists flattened, for array-wide "is value i read in stage t" queries."""
-
-    def __init__(self, graph: "Graph"):
-        self.in_degree = np.fromiter((len(d) for d in graph.deps), dtype=np.int64, count=graph.n)
-        self.inputs = np.fromiter((d for ds in graph.deps for d in ds), dtype=np.int64,
-                                  count=int(self.in_degree.sum()))
-        self.first_input = np.cumsum(self.in_degree) - self.in_degree
-
-    def read_in_stage(self, R: np.ndarray) -> np.ndarray:
-        """``used[t, i]``: some node computed in stage ``t`` reads value ``i``."""
-        stage, node = np.nonzero(R)
-        reads = self.in_degree[node]
-        offsets = np.arange(int(reads.sum())) - np.repeat(np.cumsum(reads) - reads, reads)
-        used = np.zeros(R.shape, dtype=bool)
-        used[np.repeat(stage, reads), self.inputs[np.repeat(self.first_input[node], reads) + offsets]] = True
-        return used
-
-
-def _drop_unread_holds(graph: "Graph", S: np.ndarray, R: np.ndarray, edges: _Edges) -> np.ndarray:
-    """Keep ``S[t, i]`` only if value ``i`` is read in stage ``t`` or later while still held (or is
-    an output). Dropping the rest never adds a computation: nothing computed needed those holds."""
-    read = edges.read_in_stage(R) | graph.output[None, :]
-    out = np.zeros_like(S)
-    later = np.zeros(S.shape[1], dtype=bool)  # held into t+1 and read there or later
-    for t in range(S.shape[0] - 1, 0, -1):
-        later = S[t] & (read[t] | later)
-        out[t] = later
-    return out
-
-
-def _finish(graph: "Graph", retain: np.ndarray, edges: _Edges | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _finish(graph: "Graph", retain: np.ndarray, edges: InputIndex | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Make any retention matrix valid for ``graph``; returns ``(R, S)``.
 
     Steps: hold outputs from their computation to the end; drop holds nothing reads (repeated to a
@@ -109,7 +58,7 @@ def _finish(graph: "Graph", retain: np.ndarray, edges: _Edges | None = None) -> 
     removes others'), and a last drop pass cannot create one either: the result is always valid.
     """
     n = graph.n
-    edges = edges or _Edges(graph)
+    edges = edges or InputIndex(graph)
     lower = np.tri(n, k=-1, dtype=bool)
     S = np.asarray(retain, dtype=bool) & lower
     S |= lower & graph.output[None, :]
@@ -117,7 +66,7 @@ def _finish(graph: "Graph", retain: np.ndarray, edges: _Edges | None = None) -> 
     for repair_round in range(2):
         R = minimal_recompute(graph, S)
         while True:
-            trimmed = _drop_unread_holds(graph, S, R, edges)
+            trimmed = drop_holds_unread_by(graph, S, R, edges)
             if np.array_equal(trimmed, S):
                 break
             S, R_before = trimmed, R
@@ -160,9 +109,7 @@ def checkpoint_last_node_schedule(graph: "Graph") -> Schedule:
     return _schedule(graph, R, S, "checkpoint_last_node")
 
 
-def checkpoint_last_node(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    from checkmate.solvers import StrategyOutput
-
+def checkpoint_last_node(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     return StrategyOutput(checkpoint_last_node_schedule(graph))
 
 
@@ -174,7 +121,7 @@ class _Segments:
         n = graph.n
         self.graph = graph
         self.n = n
-        self.edges = _Edges(graph)
+        self.edges = InputIndex(graph)
         bwd = graph.backward
         self.forward = np.array(graph.forward_nodes, dtype=np.int64)
         self.rank = np.full(n, -1, dtype=np.int64)
@@ -264,15 +211,11 @@ def chen_sqrtn_schedule(graph: "Graph", *, linearized: bool = False) -> Schedule
     return segment_schedule(graph, _sqrtn_checkpoints(candidates), name)
 
 
-def chen_sqrtn(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    from checkmate.solvers import StrategyOutput
-
+def chen_sqrtn(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     return StrategyOutput(chen_sqrtn_schedule(graph))
 
 
-def chen_sqrtn_linearized(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    from checkmate.solvers import StrategyOutput
-
+def chen_sqrtn_linearized(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     return StrategyOutput(chen_sqrtn_schedule(graph, linearized=True))
 
 
@@ -313,8 +256,6 @@ def chen_greedy_checkpoint_sets(graph: "Graph", candidates: Sequence[int]) -> li
 
 
 def _infeasible(strategy: str, budget_bytes: int, min_peak: int, what: str) -> InfeasibleBudgetError:
-    from checkmate.solvers import format_bytes
-
     return InfeasibleBudgetError(
         f"{strategy}: no {what} fits the budget of {format_bytes(budget_bytes)} ({budget_bytes} bytes); "
         f"the smallest peak it reaches is {format_bytes(min_peak)} ({min_peak} bytes): give at least that",
@@ -392,9 +333,7 @@ def _search_family(size: int, evaluate: Callable[[int], tuple[float, int, np.nda
     return results[index][2], results[index][3]
 
 
-def _chen_greedy(graph: "Graph", budget_bytes: int, linearized: bool) -> "StrategyOutput":
-    from checkmate.solvers import StrategyOutput
-
+def _chen_greedy(graph: "Graph", budget_bytes: int, linearized: bool) -> StrategyOutput:
     name = "chen_greedy_linearized" if linearized else "chen_greedy"
     candidates = _linear_candidates(graph) if linearized else graph.articulation_points()
     seg = _Segments(graph)
@@ -405,11 +344,11 @@ def _chen_greedy(graph: "Graph", budget_bytes: int, linearized: bool) -> "Strate
     return StrategyOutput(_schedule(graph, R, S, name))
 
 
-def chen_greedy(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+def chen_greedy(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     return _chen_greedy(graph, budget_bytes, linearized=False)
 
 
-def chen_greedy_linearized(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+def chen_greedy_linearized(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     return _chen_greedy(graph, budget_bytes, linearized=True)
 
 
@@ -532,9 +471,7 @@ def griewank_schedule(graph: "Graph", snapshots: int) -> Schedule:
     return _schedule(graph, R, S, "griewank_logn")
 
 
-def griewank_logn(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    from checkmate.solvers import StrategyOutput
-
+def griewank_logn(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     rev = _Revolve(graph)
     # Most snapshot slots (most memory, least recomputation) first.
     top = rev.max_snapshots

@@ -83,7 +83,7 @@ import scipy.sparse as sp
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation"]
+__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_strict_descendant"]
 
 # Largest total memory, in units, for which integral units are used: with integrality tolerances of
 # 1e-6 a rounded solution then differs from the solver's rows by less than one unit, so the budget row
@@ -99,6 +99,9 @@ _FLOAT_UNITS_PER_MAX = 1000.0
 # 37 s at 0.25, 12 s at 0.5, 29 s with the stage rows only. Any fraction is passed as
 # checkmate.solve(..., working_set_fraction=F).
 _WORKING_SET_FRACTION = 0.35
+# Residency rows are screened in chunks of candidate rows, each chunk a (rows x n) boolean matrix of
+# at most this many cells (2 MB): large graphs would otherwise need an n^2-row matrix at once.
+_RESIDENCY_CELLS_PER_CHUNK = 2_000_000
 
 
 @dataclass
@@ -199,7 +202,7 @@ class _Rows:
         return A[keep], lo[keep], hi[keep]
 
 
-def _max_strict_descendant(graph: "Graph") -> np.ndarray:
+def max_strict_descendant(graph: "Graph") -> np.ndarray:
     """For each node, the largest id among its descendants (-1 when it has none)."""
     n = graph.n
     out = np.full(n, -1, dtype=np.int64)
@@ -343,72 +346,66 @@ class CheckmateFormulation:
         return out
 
 
-def _add_residency_rows(rows: _Rows, graph: "Graph", mem: np.ndarray, cap: float, adj: np.ndarray,
-                        r_col: np.ndarray, r_fixed: np.ndarray, r_is_var: np.ndarray, s_col: np.ndarray,
-                        s_fixed: np.ndarray, s_is_var: np.ndarray, fraction: float) -> None:
-    """Residency rows: while ``k`` runs in stage ``t``, every value ``i < k`` held into ``t + 1`` is
-    resident, besides ``k``'s inputs and output (its working set ``W[k]``)::
+# ---------------------------------------------------------------------------------- columns
+@dataclass
+class _Cells:
+    """The model's columns and the index arrays that the row families share.
 
-        sum_{i < k, i not an input of k} mem[i] S[t+1, i] + W[k] R[t, k] <= cap
-
-    One row per stage at its own node (``k = t``, where ``R = 1``), and one at every other position
-    whose working set is at least ``fraction`` of the available memory. The memory rows imply them
-    for integral (R, S); with the flow rows the LP bound was unchanged by them on every graph
-    measured. They are knapsacks in the binaries alone, which the solver's cover cuts need.
+    Columns come in the order R, S, FREE, U. ``*_col`` maps a cell to its column (-1 when the cell is
+    fixed, its value then in ``*_fixed``); FREE cells ``(f_t, f_i, f_k)`` are sorted by stage, value,
+    node, so the cells of one value in one stage (a *group*) are consecutive; U cells ``(u_t, u_k)``
+    are every position where a node may run, sorted by stage then node.
     """
+
+    n: int
+    mem: np.ndarray            # sizes in memory units
+    cap: float                 # units U may reach (budget minus fixed bytes)
+    edges: np.ndarray          # (e, 2): input, user
+    adj: np.ndarray            # adj[i, k]: i is an input of k
+    tt: np.ndarray             # every (t, i) with i < t, row-major
+    ii: np.ndarray
+    r_col: np.ndarray
+    s_col: np.ndarray
+    r_fixed: np.ndarray
+    s_fixed: np.ndarray
+    r_is_var: np.ndarray
+    s_is_var: np.ndarray
+    r_possible: np.ndarray     # R[t, k] may be 1
+    f_t: np.ndarray
+    f_i: np.ndarray
+    f_k: np.ndarray
+    f_col: np.ndarray
+    free_col0: int
+    group_key: np.ndarray      # t * n + i of each FREE cell
+    g_start: np.ndarray        # first FREE cell of each group
+    g_id: np.ndarray           # group of each FREE cell
+    g_t: np.ndarray
+    g_i: np.ndarray
+    has_group: np.ndarray      # has_group[t, i]: value i has FREE cells in stage t
+    u_t: np.ndarray
+    u_k: np.ndarray
+    u_col0: int
+    num_cols: int
+
+    @property
+    def nf(self) -> int:
+        return int(self.f_t.size)
+
+    @property
+    def ng(self) -> int:
+        return int(self.g_start.size)
+
+    @property
+    def nu(self) -> int:
+        return int(self.u_t.size)
+
+
+def _cells(graph: "Graph", mem: np.ndarray, cap: float) -> _Cells:
+    """Columns of R, S, FREE and U, with the cells that stage structure fixes left out."""
     n = graph.n
-    if n < 2:
-        return
-    edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)
-    work = mem + np.bincount(edges[:, 1], weights=mem[edges[:, 0]], minlength=n)
-    stage_t = np.arange(n - 1)
-    pt, pk = np.nonzero(np.tril(r_is_var, -1)[:n - 1] & (work >= fraction * cap)[None, :])
-    row_t = np.concatenate([stage_t, pt])
-    row_k = np.concatenate([stage_t, pk])
-    present = s_is_var | s_fixed
-    idx = np.arange(n)
-    chunk = max(1, 2_000_000 // n)
-    for lo in range(0, row_t.size, chunk):
-        t, k = row_t[lo:lo + chunk], row_k[lo:lo + chunk]
-        items = (idx[None, :] < k[:, None]) & ~adj[:, k].T & present[t + 1]
-        # rows that cannot bind (everything held and k run still fits) are left out
-        reach = items @ mem + work[k]
-        binding = reach > cap + 1e-9
-        t, k, items = t[binding], k[binding], items[binding]
-        if t.size == 0:
-            continue
-        p, i = np.nonzero(items)
-        rid = rows.new(t.size, -np.inf, cap)
-        rows.term(rid[p], s_col[t[p] + 1, i], mem[i], s_fixed[t[p] + 1, i])
-        rows.term(rid, r_col[t, k], work[k], r_fixed[t, k])
-
-
-def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = False,
-                      integral_s_only: bool = False, integral_units: bool = False,
-                      exclusive_rows: bool | None = None, flow_rows: bool = True,
-                      residency_rows: bool = True,
-                      working_set_fraction: float | None = None) -> CheckmateFormulation:
-    """Build the MILP for ``graph`` under ``budget_bytes`` (fixed bytes included in the budget).
-
-    ``integral_s_only`` declares only S integral: for a fixed integral S the minimal R is integral
-    and dominates every other R, so an optimum with integral S exists; callers re-derive R anyway.
-    ``flow_rows=False`` leaves out the flow rows (the published, weaker relaxation), for comparison.
-    ``residency_rows=False`` leaves out the residency rows (below); ``working_set_fraction`` chooses
-    the positions that get one besides each stage's own node (default ``_WORKING_SET_FRACTION``).
-    ``exclusive_rows`` (default: only with ``exact_free``) adds ``R[t, i] + S[t, i] <= 1``. Computing a
-    resident value only costs, so optima never do it and the schedule read back from S never does; the
-    rows leave the LP bound unchanged on every graph measured and cost about half the LP time. They
-    are needed when the solver's raw (R, S) itself must be a valid schedule.
-    ``integral_units`` measures memory in gcd units however large the numbers get (for solvers that
-    need integral rows and do exact integer arithmetic, such as CP-SAT).
-    """
-    n = graph.n
-    if exclusive_rows is None:
-        exclusive_rows = exact_free
-    unit, mem, cap, integral = _mem_units(graph, budget_bytes, integral_units)
     output = graph.output
     recomputable = graph.recomputable
-    maxdesc = _max_strict_descendant(graph)
+    maxdesc = max_strict_descendant(graph)
     adj = np.zeros((n, n), dtype=bool)
     edges = np.array(graph.edges, dtype=np.int64).reshape(-1, 2)
     adj[edges[:, 0], edges[:, 1]] = True
@@ -434,7 +431,7 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     s_col[s_is_var] = np.arange(num, num + cnt)
     num += cnt
 
-    r_possible = r_is_var | r_fixed    # R[t, k] may be 1
+    r_possible = r_is_var | r_fixed
 
     # --- FREE cells (t, i, k): k < t, i in deps(k), R[t, k] not fixed to 0, i not an output, i not an
     # input of t (t runs last in the stage and reads i). A value freed right after its own computation
@@ -456,170 +453,283 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     f_col = np.arange(num, num + nf)
     num += nf
 
+    # --- FREE groups (t, i): the cells of one value in one stage, consecutive after the sort above.
+    group_key = f_t * n + f_i
+    g_start = np.flatnonzero(np.r_[True, group_key[1:] != group_key[:-1]]) if nf else np.zeros(0, dtype=np.int64)
+    g_id = np.cumsum(np.r_[False, group_key[1:] != group_key[:-1]]) if nf else np.zeros(0, dtype=np.int64)
+    g_t, g_i = f_t[g_start], f_i[g_start]
+    has_group = np.zeros((n, n), dtype=bool)
+    has_group[g_t, g_i] = True
+
     # --- U cells: every (t, k) where k may run in stage t
     u_t, u_k = np.nonzero(np.tril(r_possible))
     u_col0 = num
-    nu = u_t.size
-    u_col_m = np.full((n, n), -1, dtype=np.int64)
-    u_col_m[u_t, u_k] = np.arange(num, num + nu)
-    num += nu
+    num += u_t.size
 
-    rows = _Rows()
+    return _Cells(n=n, mem=mem, cap=cap, edges=edges, adj=adj, tt=tt, ii=ii, r_col=r_col, s_col=s_col,
+                  r_fixed=r_fixed, s_fixed=s_fixed, r_is_var=r_is_var, s_is_var=s_is_var, r_possible=r_possible,
+                  f_t=f_t, f_i=f_i, f_k=f_k, f_col=f_col, free_col0=free_col0, group_key=group_key,
+                  g_start=g_start, g_id=g_id, g_t=g_t, g_i=g_i, has_group=has_group, u_t=u_t, u_k=u_k,
+                  u_col0=u_col0, num_cols=num)
 
-    def rcol(t, i):
-        return r_col[t, i]
 
-    # Dependencies: R[t, k] <= R[t, i] + S[t, i] for each edge (i, k) and stage t >= k.
+# ---------------------------------------------------------------------------------- row families
+def _rows_compute_requires_inputs(rows: _Rows, c: _Cells) -> None:
+    """``R[t, k] <= R[t, i] + S[t, i]`` for each input ``i`` of ``k`` and stage ``t >= k``."""
+    n, edges = c.n, c.edges
     e_rep = n - edges[:, 1]
     d_i = np.repeat(edges[:, 0], e_rep)
     d_k = np.repeat(edges[:, 1], e_rep)
     d_start = np.repeat(np.cumsum(e_rep) - e_rep, e_rep)
     d_t = d_k + (np.arange(d_i.size) - d_start)
-    live = r_possible[d_t, d_k]
+    live = c.r_possible[d_t, d_k]
     d_t, d_i, d_k = d_t[live], d_i[live], d_k[live]
     rid = rows.new(d_t.size, -np.inf, 0.0)
-    rows.term(rid, r_col[d_t, d_k], 1.0, r_fixed[d_t, d_k])
-    rows.term(rid, r_col[d_t, d_i], -1.0, r_fixed[d_t, d_i])
-    rows.term(rid, s_col[d_t, d_i], -1.0, s_fixed[d_t, d_i])
+    rows.term(rid, c.r_col[d_t, d_k], 1.0, c.r_fixed[d_t, d_k])
+    rows.term(rid, c.r_col[d_t, d_i], -1.0, c.r_fixed[d_t, d_i])
+    rows.term(rid, c.s_col[d_t, d_i], -1.0, c.s_fixed[d_t, d_i])
 
-    # FREE groups (t, i): the cells of one value in one stage, consecutive after the sort above.
-    group_key = f_t * n + f_i
-    g_start = np.flatnonzero(np.r_[True, group_key[1:] != group_key[:-1]]) if nf else np.zeros(0, dtype=np.int64)
-    g_id = np.cumsum(np.r_[False, group_key[1:] != group_key[:-1]]) if nf else np.zeros(0, dtype=np.int64)
-    ng = g_start.size
-    g_t, g_i = f_t[g_start], f_i[g_start]
-    has_group = np.zeros((n, n), dtype=bool)
-    has_group[g_t, g_i] = True
 
-    # Carry: S[t+1, i] <= S[t, i] + R[t, i] (i < t), where no flow row below implies it.
+def _rows_retain_requires_prior(rows: _Rows, c: _Cells, flow_rows: bool) -> None:
+    """``S[t+1, i] <= S[t, i] + R[t, i]`` (``i < t``), where no flow row implies it."""
+    n, tt, ii = c.n, c.tt, c.ii
     c_t, c_i = tt[tt + 1 < n], ii[tt + 1 < n]
-    live = (s_is_var[c_t + 1, c_i] | s_fixed[c_t + 1, c_i]) & ~(flow_rows & has_group[c_t, c_i])
+    live = (c.s_is_var[c_t + 1, c_i] | c.s_fixed[c_t + 1, c_i]) & ~(flow_rows & c.has_group[c_t, c_i])
     c_t, c_i = c_t[live], c_i[live]
     rid = rows.new(c_t.size, -np.inf, 0.0)
-    rows.term(rid, s_col[c_t + 1, c_i], 1.0, s_fixed[c_t + 1, c_i])
-    rows.term(rid, s_col[c_t, c_i], -1.0, s_fixed[c_t, c_i])
-    rows.term(rid, r_col[c_t, c_i], -1.0, r_fixed[c_t, c_i])
-    # R and S exclusive per cell (optional).
-    both = r_is_var[tt, ii] & s_is_var[tt, ii] & exclusive_rows
-    x_t, x_i = tt[both], ii[both]
+    rows.term(rid, c.s_col[c_t + 1, c_i], 1.0, c.s_fixed[c_t + 1, c_i])
+    rows.term(rid, c.s_col[c_t, c_i], -1.0, c.s_fixed[c_t, c_i])
+    rows.term(rid, c.r_col[c_t, c_i], -1.0, c.r_fixed[c_t, c_i])
+
+
+def _rows_compute_or_retain(rows: _Rows, c: _Cells) -> None:
+    """``R[t, i] + S[t, i] <= 1`` where both cells are variables (the optional exclusive rows)."""
+    both = c.r_is_var[c.tt, c.ii] & c.s_is_var[c.tt, c.ii]
+    x_t, x_i = c.tt[both], c.ii[both]
     rid = rows.new(x_t.size, -np.inf, 1.0)
-    rows.term(rid, r_col[x_t, x_i], 1.0)
-    rows.term(rid, s_col[x_t, x_i], 1.0)
+    rows.term(rid, c.r_col[x_t, x_i], 1.0)
+    rows.term(rid, c.s_col[x_t, x_i], 1.0)
 
-    # FREE[t, i, k] <= R[t, k]
-    rid = rows.new(nf, -np.inf, 0.0)
-    rows.term(rid, f_col, 1.0)
-    rows.term(rid, r_col[f_t, f_k], -1.0, r_fixed[f_t, f_k])
 
-    # Groups (t, i): sum_k FREE[t, i, k] + S[t+1, i] <= 1, and the flow row
-    # sum_k FREE[t, i, k] + S[t+1, i] <= R[t, i] + S[t, i]: a value leaves a stage (freed or kept) at
-    # most as often as it is present in it (this implies the carry row of (t, i)).
-    nxt = g_t + 1 < n
-    for hi_presence in ((False, True) if flow_rows else (False,)):
-        rid = rows.new(ng, -np.inf, 0.0 if hi_presence else 1.0)
-        rows.term(rid[g_id], f_col, 1.0)
-        rows.term(rid[nxt], s_col[g_t[nxt] + 1, g_i[nxt]], 1.0, s_fixed[g_t[nxt] + 1, g_i[nxt]])
-        if hi_presence:
-            rows.term(rid, r_col[g_t, g_i], -1.0, r_fixed[g_t, g_i])
-            rows.term(rid, s_col[g_t, g_i], -1.0, s_fixed[g_t, g_i])
+def _rows_free_requires_compute(rows: _Rows, c: _Cells) -> None:
+    """``FREE[t, i, k] <= R[t, k]`` (the published fix: only a node that runs frees anything)."""
+    rid = rows.new(c.nf, -np.inf, 0.0)
+    rows.term(rid, c.f_col, 1.0)
+    rows.term(rid, c.r_col[c.f_t, c.f_k], -1.0, c.r_fixed[c.f_t, c.f_k])
 
-    # Users j of i with k < j < t: sum_{k < j} FREE[t, i, k] + R[t, j] <= 1, one row per (t, i, j).
+
+def _leave_stage_terms(rows: _Rows, c: _Cells, rid: np.ndarray) -> None:
+    """``sum_k FREE[t, i, k] + S[t+1, i]`` into the row of each group ``(t, i)``."""
+    nxt = c.g_t + 1 < c.n
+    rows.term(rid[c.g_id], c.f_col, 1.0)
+    rows.term(rid[nxt], c.s_col[c.g_t[nxt] + 1, c.g_i[nxt]], 1.0, c.s_fixed[c.g_t[nxt] + 1, c.g_i[nxt]])
+
+
+def _rows_free_at_most_once(rows: _Rows, c: _Cells) -> None:
+    """``sum_k FREE[t, i, k] + S[t+1, i] <= 1``: a value is freed at most once, and not if held on."""
+    rid = rows.new(c.ng, -np.inf, 1.0)
+    _leave_stage_terms(rows, c, rid)
+
+
+def _rows_flow(rows: _Rows, c: _Cells) -> None:
+    """``sum_k FREE[t, i, k] + S[t+1, i] <= R[t, i] + S[t, i]``: a value leaves a stage (freed or
+    kept) at most as often as it is present in it (this implies the carry row of ``(t, i)``)."""
+    rid = rows.new(c.ng, -np.inf, 0.0)
+    _leave_stage_terms(rows, c, rid)
+    rows.term(rid, c.r_col[c.g_t, c.g_i], -1.0, c.r_fixed[c.g_t, c.g_i])
+    rows.term(rid, c.s_col[c.g_t, c.g_i], -1.0, c.s_fixed[c.g_t, c.g_i])
+
+
+def _rows_free_after_last_use(rows: _Rows, c: _Cells, graph: "Graph") -> None:
+    """``sum_{k < j} FREE[t, i, k] + R[t, j] <= 1`` for each user ``j`` of ``i`` with ``k < j < t``:
+    no value is freed before a later use (one row per ``(t, i, j)``, a clique cut)."""
+    n, f_t, f_i, f_k = c.n, c.f_t, c.f_i, c.f_k
     # Build (FREE cell, later user j) pairs by repeating each FREE cell over the users of its value.
     n_users = np.array([len(u) for u in graph.users], dtype=np.int64)
     users_flat = np.array([u for us in graph.users for u in us], dtype=np.int64)
     users_start = np.cumsum(n_users) - n_users
     rep = n_users[f_i]
-    p_cell = np.repeat(np.arange(nf), rep)
+    p_cell = np.repeat(np.arange(c.nf), rep)
     p_off = np.arange(p_cell.size) - np.repeat(np.cumsum(rep) - rep, rep)
     p_j = users_flat[users_start[f_i[p_cell]] + p_off] if p_cell.size else np.zeros(0, dtype=np.int64)
     pt, pi, pk = f_t[p_cell], f_i[p_cell], f_k[p_cell]
-    ok = (p_j > pk) & (p_j < pt) & r_is_var[pt, p_j]
+    ok = (p_j > pk) & (p_j < pt) & c.r_is_var[pt, p_j]
     p_cell, p_j, pt, pi = p_cell[ok], p_j[ok], pt[ok], pi[ok]
     row_key = (pt * n + pi) * n + p_j
     uniq, inv = np.unique(row_key, return_inverse=True)
     rid = rows.new(uniq.size, -np.inf, 1.0)
-    rows.term(rid[inv], f_col[p_cell], 1.0)
+    rows.term(rid[inv], c.f_col[p_cell], 1.0)
     ut = uniq // (n * n)
     uj = uniq % n
-    rows.term(rid, r_col[ut, uj], 1.0)
+    rows.term(rid, c.r_col[ut, uj], 1.0)
 
-    if exact_free:
-        # sum_k FREE[t, i, k] + S[t+1, i] >= R[t, p] for every position p of the group: a value that
-        # the stage touches and does not keep is freed.
-        rid = rows.new(nf, 0.0, np.inf)
-        # every FREE cell of the group enters the row of each cell of the group
-        g_size = np.bincount(g_id, minlength=ng)
-        g_first = np.cumsum(g_size) - g_size
-        rep = g_size[g_id]
-        row_of_cell = np.repeat(rid, rep)
-        offset_in_group = np.arange(row_of_cell.size) - np.repeat(np.cumsum(rep) - rep, rep)
-        members = np.repeat(g_first[g_id], rep) + offset_in_group
-        rows.term(row_of_cell, f_col[members], 1.0)
-        nxt = f_t + 1 < n
-        rows.term(rid[nxt], s_col[f_t[nxt] + 1, f_i[nxt]], 1.0, s_fixed[f_t[nxt] + 1, f_i[nxt]])
-        rows.term(rid, r_col[f_t, f_k], -1.0, r_fixed[f_t, f_k])
-        # ... and for the value's own computation (p = i): nothing is computed only to be dropped.
-        o_t, o_i = tt[r_is_var[tt, ii] & ~adj[ii, tt]], ii[r_is_var[tt, ii] & ~adj[ii, tt]]
-        rid = rows.new(o_t.size, 0.0, np.inf)
-        rows.term(rid, r_col[o_t, o_i], -1.0)
-        nxt = o_t + 1 < n
-        rows.term(rid[nxt], s_col[o_t[nxt] + 1, o_i[nxt]], 1.0, s_fixed[o_t[nxt] + 1, o_i[nxt]])
-        pos = np.searchsorted(group_key[g_start], o_t * n + o_i) if ng else np.zeros(o_t.size, dtype=np.int64)
-        has = (pos < ng) & (group_key[g_start][np.minimum(pos, max(ng - 1, 0))] == o_t * n + o_i) if ng \
-            else np.zeros(o_t.size, dtype=bool)
-        g_of = pos[has]
-        rep = g_size[g_of]
-        row_rep = np.repeat(rid[has], rep)
-        offset_in_group = np.arange(row_rep.size) - np.repeat(np.cumsum(rep) - rep, rep)
-        rows.term(row_rep, f_col[np.repeat(g_first[g_of], rep) + offset_in_group], 1.0)
 
-    # Memory: U at each position where a node may run, chained within the stage.
+def _rows_free_definition(rows: _Rows, c: _Cells) -> None:
+    """``sum_k FREE[t, i, k] + S[t+1, i] >= R[t, p]`` for every position ``p`` of value ``i`` in stage
+    ``t``: a value that the stage touches and does not keep is freed (the exact FREE definition)."""
+    n, nf, ng = c.n, c.nf, c.ng
+    f_t, f_i, f_k, f_col, g_id = c.f_t, c.f_i, c.f_k, c.f_col, c.g_id
+    tt, ii = c.tt, c.ii
+    # Positions after which i may be freed: one row per FREE cell, holding every FREE cell of its group.
+    rid = rows.new(nf, 0.0, np.inf)
+    g_size = np.bincount(g_id, minlength=ng)
+    g_first = np.cumsum(g_size) - g_size
+    rep = g_size[g_id]
+    row_of_cell = np.repeat(rid, rep)
+    offset_in_group = np.arange(row_of_cell.size) - np.repeat(np.cumsum(rep) - rep, rep)
+    members = np.repeat(g_first[g_id], rep) + offset_in_group
+    rows.term(row_of_cell, f_col[members], 1.0)
+    nxt = f_t + 1 < n
+    rows.term(rid[nxt], c.s_col[f_t[nxt] + 1, f_i[nxt]], 1.0, c.s_fixed[f_t[nxt] + 1, f_i[nxt]])
+    rows.term(rid, c.r_col[f_t, f_k], -1.0, c.r_fixed[f_t, f_k])
+    # ... and the value's own computation (p = i): nothing is computed only to be dropped.
+    own = c.r_is_var[tt, ii] & ~c.adj[ii, tt]
+    o_t, o_i = tt[own], ii[own]
+    rid = rows.new(o_t.size, 0.0, np.inf)
+    rows.term(rid, c.r_col[o_t, o_i], -1.0)
+    nxt = o_t + 1 < n
+    rows.term(rid[nxt], c.s_col[o_t[nxt] + 1, o_i[nxt]], 1.0, c.s_fixed[o_t[nxt] + 1, o_i[nxt]])
+    group_keys = c.group_key[c.g_start]
+    pos = np.searchsorted(group_keys, o_t * n + o_i) if ng else np.zeros(o_t.size, dtype=np.int64)
+    has = (pos < ng) & (group_keys[np.minimum(pos, max(ng - 1, 0))] == o_t * n + o_i) if ng \
+        else np.zeros(o_t.size, dtype=bool)
+    g_of = pos[has]
+    rep = g_size[g_of]
+    row_rep = np.repeat(rid[has], rep)
+    offset_in_group = np.arange(row_rep.size) - np.repeat(np.cumsum(rep) - rep, rep)
+    rows.term(row_rep, f_col[np.repeat(g_first[g_of], rep) + offset_in_group], 1.0)
+
+
+def _rows_memory_budget(rows: _Rows, c: _Cells) -> None:
+    """``U[t, k0] = sum_i mem[i] S[t, i] + mem[k0] R[t, k0]`` and ``U[t, k] = U[t, k'] + mem[k] R[t, k]
+    - sum_i mem[i] FREE[t, i, k']``; the budget is the bound ``U <= budget - fixed`` of the U columns."""
+    n, nu, u_t, u_k, u_col0, mem = c.n, c.nu, c.u_t, c.u_k, c.u_col0, c.mem
     first = np.r_[True, u_t[1:] != u_t[:-1]] if nu else np.zeros(0, dtype=bool)
     rid = rows.new(nu, 0.0, 0.0)
     rows.term(rid, u_col0 + np.arange(nu), 1.0)
-    rows.term(rid, r_col[u_t, u_k], -mem[u_k], r_fixed[u_t, u_k])
+    rows.term(rid, c.r_col[u_t, u_k], -mem[u_k], c.r_fixed[u_t, u_k])
     prev = ~first
     rows.term(rid[prev], (u_col0 + np.arange(nu) - 1)[prev], -1.0)
     # held values enter the first position of each stage
-    first_rows = rid[first]
-    first_t = u_t[first]
     row_of_stage = np.full(n, -1, dtype=np.int64)
-    row_of_stage[first_t] = first_rows
-    rows.term(row_of_stage[tt], s_col[tt, ii], -mem[ii], s_fixed[tt, ii])
+    row_of_stage[u_t[first]] = rid[first]
+    rows.term(row_of_stage[c.tt], c.s_col[c.tt, c.ii], -mem[c.ii], c.s_fixed[c.tt, c.ii])
     # a FREE after position k enters the row of the next position of its stage
     next_row = np.full((n, n), -1, dtype=np.int64)
     next_row[u_t[:-1][~first[1:]], u_k[:-1][~first[1:]]] = rid[1:][~first[1:]]
-    rows.term(next_row[f_t, f_k], f_col, mem[f_i])
+    rows.term(next_row[c.f_t, c.f_k], c.f_col, mem[c.f_i])
 
+
+def _rows_residency(rows: _Rows, graph: "Graph", c: _Cells, fraction: float) -> None:
+    """``sum_{i < k, i not an input of k} mem[i] S[t+1, i] + W[k] R[t, k] <= cap``: while ``k`` runs in
+    stage ``t``, its working set ``W[k]`` (inputs and output) and every value held into ``t + 1`` are
+    resident.
+
+    One row per stage at its own node (``k = t``, where ``R = 1``), and one at every other position
+    whose working set is at least ``fraction`` of the available memory. The memory rows imply them
+    for integral (R, S); with the flow rows the LP bound was unchanged by them on every graph
+    measured. They are knapsacks in the binaries alone, which the solver's cover cuts need.
+    """
+    n, mem, cap = c.n, c.mem, c.cap
+    if n < 2:
+        return
+    edges = c.edges
+    work = mem + np.bincount(edges[:, 1], weights=mem[edges[:, 0]], minlength=n)
+    stage_t = np.arange(n - 1)
+    pt, pk = np.nonzero(np.tril(c.r_is_var, -1)[:n - 1] & (work >= fraction * cap)[None, :])
+    row_t = np.concatenate([stage_t, pt])
+    row_k = np.concatenate([stage_t, pk])
+    present = c.s_is_var | c.s_fixed
+    idx = np.arange(n)
+    chunk = max(1, _RESIDENCY_CELLS_PER_CHUNK // n)
+    for lo in range(0, row_t.size, chunk):
+        t, k = row_t[lo:lo + chunk], row_k[lo:lo + chunk]
+        items = (idx[None, :] < k[:, None]) & ~c.adj[:, k].T & present[t + 1]
+        # rows that cannot bind (everything held and k run still fits) are left out
+        reach = items @ mem + work[k]
+        binding = reach > cap + 1e-9
+        t, k, items = t[binding], k[binding], items[binding]
+        if t.size == 0:
+            continue
+        p, i = np.nonzero(items)
+        rid = rows.new(t.size, -np.inf, cap)
+        rows.term(rid[p], c.s_col[t[p] + 1, i], mem[i], c.s_fixed[t[p] + 1, i])
+        rows.term(rid, c.r_col[t, k], work[k], c.r_fixed[t, k])
+
+
+# ---------------------------------------------------------------------------------- the model
+def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = False,
+                      integral_s_only: bool = False, integral_units: bool = False,
+                      exclusive_rows: bool | None = None, flow_rows: bool = True,
+                      residency_rows: bool = True,
+                      working_set_fraction: float | None = None) -> CheckmateFormulation:
+    """Build the MILP for ``graph`` under ``budget_bytes`` (fixed bytes included in the budget).
+
+    ``integral_s_only`` declares only S integral: for a fixed integral S the minimal R is integral
+    and dominates every other R, so an optimum with integral S exists; callers re-derive R anyway.
+    ``flow_rows=False`` leaves out the flow rows (the published, weaker relaxation), for comparison.
+    ``residency_rows=False`` leaves out the residency rows (below); ``working_set_fraction`` chooses
+    the positions that get one besides each stage's own node (default ``_WORKING_SET_FRACTION``).
+    ``exclusive_rows`` (default: only with ``exact_free``) adds ``R[t, i] + S[t, i] <= 1``. Computing a
+    resident value only costs, so optima never do it and the schedule read back from S never does; the
+    rows leave the LP bound unchanged on every graph measured and cost about half the LP time. They
+    are needed when the solver's raw (R, S) itself must be a valid schedule.
+    ``integral_units`` measures memory in gcd units however large the numbers get (for solvers that
+    need integral rows and do exact integer arithmetic, such as CP-SAT).
+
+    The rows, one function per family (in this order): :func:`_rows_compute_requires_inputs`,
+    :func:`_rows_retain_requires_prior`, :func:`_rows_compute_or_retain`,
+    :func:`_rows_free_requires_compute`, :func:`_rows_free_at_most_once`, :func:`_rows_flow`,
+    :func:`_rows_free_after_last_use`, :func:`_rows_free_definition`, :func:`_rows_memory_budget`,
+    :func:`_rows_residency`.
+    """
+    if exclusive_rows is None:
+        exclusive_rows = exact_free
+    unit, mem, cap, integral = _mem_units(graph, budget_bytes, integral_units)
+    c = _cells(graph, mem, cap)
+
+    rows = _Rows()
+    _rows_compute_requires_inputs(rows, c)
+    _rows_retain_requires_prior(rows, c, flow_rows)
+    if exclusive_rows:
+        _rows_compute_or_retain(rows, c)
+    _rows_free_requires_compute(rows, c)
+    _rows_free_at_most_once(rows, c)
+    if flow_rows:
+        _rows_flow(rows, c)
+    _rows_free_after_last_use(rows, c, graph)
+    if exact_free:
+        _rows_free_definition(rows, c)
+    _rows_memory_budget(rows, c)
     if residency_rows:
         frac = _WORKING_SET_FRACTION if working_set_fraction is None else float(working_set_fraction)
-        _add_residency_rows(rows, graph, mem, cap, adj, r_col, r_fixed, r_is_var, s_col, s_fixed, s_is_var, frac)
-
+        _rows_residency(rows, graph, c, frac)
+    num = c.num_cols
     A, row_lo, row_hi = rows.build(num)
 
     col_lo = np.zeros(num)
     col_hi = np.ones(num)
-    col_hi[u_col0:] = cap
+    col_hi[c.u_col0:] = cap
     integer = np.zeros(num, dtype=bool)
-    integer[s_col[s_is_var]] = True
+    integer[c.s_col[c.s_is_var]] = True
     if not integral_s_only:
-        integer[r_col[r_is_var]] = True
+        integer[c.r_col[c.r_is_var]] = True
 
+    n = graph.n
     cost = graph.cost.astype(np.float64)
     positive = cost[cost > 0]
     cost_scale = float(positive.mean()) if positive.size else 1.0
-    c = np.zeros(num)
-    c[r_col[r_is_var]] = (cost[None, :] * np.ones((n, 1)))[r_is_var] / cost_scale
+    obj = np.zeros(num)
+    obj[c.r_col[c.r_is_var]] = (cost[None, :] * np.ones((n, 1)))[c.r_is_var] / cost_scale
     offset = float(cost.sum()) / cost_scale   # the diagonal: every node once
 
     integral_rows = bool(integral and np.all(np.abs(A.data - np.round(A.data)) < 1e-9))
-    model = SparseModel(c, offset, A.tocsr(), row_lo, row_hi, col_lo, col_hi, integer, cost_scale, integral_rows)
-    form = CheckmateFormulation(
+    model = SparseModel(obj, offset, A.tocsr(), row_lo, row_hi, col_lo, col_hi, integer, cost_scale, integral_rows)
+    return CheckmateFormulation(
         graph=graph, budget_bytes=int(budget_bytes), model=model, mem_unit_bytes=unit, cap_units=float(cap),
-        r_col=r_col, s_col=s_col, r_fixed=r_fixed, s_fixed=s_fixed,
-        free_t=f_t, free_i=f_i, free_k=f_k, free_col0=free_col0,
-        u_t=u_t, u_k=u_k, u_col0=u_col0, exact_free=exact_free,
-        stats={"R": int(r_is_var.sum()), "S": int(s_is_var.sum()), "FREE": int(nf), "U": int(nu),
+        r_col=c.r_col, s_col=c.s_col, r_fixed=c.r_fixed, s_fixed=c.s_fixed,
+        free_t=c.f_t, free_i=c.f_i, free_k=c.f_k, free_col0=c.free_col0,
+        u_t=c.u_t, u_k=c.u_k, u_col0=c.u_col0, exact_free=exact_free,
+        stats={"R": int(c.r_is_var.sum()), "S": int(c.s_is_var.sum()), "FREE": c.nf, "U": c.nu,
                "rows": int(A.shape[0]), "nonzeros": int(A.nnz)},
     )
-    return form

@@ -6,7 +6,7 @@ its retention matrix S alone (useless holds pruned, R re-derived as the minimal 
 replayed by the simulator; a solution is only used if that replay fits the budget.
 
 Minimum feasible budget (carried by :class:`InfeasibleBudgetError`): a bracket narrowed by bisection
-(:func:`minimum_feasible_budget`) between ``max_k (mem[k] + inputs of k) + fixed`` and the lowest
+(:func:`bracket_minimum_budget`) between ``max_k (mem[k] + inputs of k) + fixed`` and the lowest
 baseline peak, each probe a short feasibility solve. The budget it names always has a replayed
 schedule, so it is always feasible; the message says whether it is proven minimal or only how far
 the proven lower end lies below it.
@@ -21,18 +21,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from checkmate.bounds import largest_working_set_bytes, prune_unused_holds
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import simulate
-from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, get_backend
-from checkmate.solvers.formulation import CheckmateFormulation, build_formulation
+from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, get_backend
+from checkmate.solvers.formulation import CheckmateFormulation, build_formulation, max_strict_descendant
+from checkmate.solvers.registry import baseline_specs
+from checkmate.solvers.types import SolveOptions, StrategyOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
-    from checkmate.solvers import SolveOptions, StrategyOutput
 
-__all__ = ["checkmate_milp", "checkmate_lp_rounding", "lower_bound_lp", "minimum_feasible_budget",
-           "schedule_from_retain", "prune_retention", "MinimumBudget"]
+__all__ = ["checkmate_milp", "checkmate_lp_rounding", "lower_bound_lp", "bracket_minimum_budget",
+           "minimum_feasible_budget", "schedule_from_retain", "prune_retention", "MinimumBudget"]
 
 # Time the min-peak search may take when a budget turns out infeasible (bounded by the caller's limit).
 _MIN_BUDGET_TIME_S = 30.0
@@ -48,50 +50,22 @@ def _forced_retention(graph: "Graph") -> np.ndarray:
     """Cells every schedule must hold: outputs after they are computed; non-recomputable values while
     a descendant may still run (recomputing them is forbidden)."""
     n = graph.n
-    from checkmate.solvers.formulation import _max_strict_descendant
-
     t = np.arange(n)[:, None]
     i = np.arange(n)[None, :]
     forced = (i < t) & graph.output[None, :]
-    maxdesc = _max_strict_descendant(graph)
+    maxdesc = max_strict_descendant(graph)
     forced |= (i < t) & ~graph.recomputable[None, :] & (t <= maxdesc[None, :])
     return forced
 
 
-def prune_retention(graph: "Graph", retain: np.ndarray) -> np.ndarray:
-    """Drop holds that nothing uses: ``S[t, i]`` when stage ``t`` neither reads ``i`` (under the minimal
-    recomputation) nor holds it into ``t + 1``, and ``i`` is not an output.
-
-    Such a hold only costs memory (the value sits there until the end of the stage). Going from the
-    last stage back settles each stage once: a stage's needs depend only on its own S row and the next.
-    """
-    n = graph.n
-    S = np.array(retain, dtype=bool)
-    S &= np.tri(n, k=-1, dtype=bool)
-    deps = graph.deps
-    output = graph.output
-    for t in range(n - 1, 0, -1):
-        held = S[t]
-        keep_next = S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
-        need = np.zeros(t + 1, dtype=bool)
-        need[t] = True
-        need |= keep_next[: t + 1] & ~held[: t + 1]
-        used = np.zeros(n, dtype=bool)
-        for k in range(t, -1, -1):
-            if need[k]:
-                for d in deps[k]:
-                    used[d] = True
-                    if not held[d]:
-                        need[d] = True
-        useless = held & ~used & ~keep_next & ~output
-        S[t, useless] = False
-    return S
+# Pruning holds lives with the other memory facts; the MILP's name for it stays importable.
+prune_retention = prune_unused_holds
 
 
 def schedule_from_retain(graph: "Graph", retain: np.ndarray) -> Schedule:
     """The schedule of a retention matrix: forced holds added, useless holds pruned, minimal R."""
     S = np.asarray(retain, dtype=bool) | _forced_retention(graph)
-    S = prune_retention(graph, S)
+    S = prune_unused_holds(graph, S)
     return Schedule.from_matrices(graph, minimal_recompute(graph, S), S)
 
 
@@ -110,15 +84,11 @@ def _evaluate(graph: "Graph", schedule: Schedule, source: str) -> _Candidate | N
     return _Candidate(schedule, sim.compute_cost, sim.peak_memory_bytes, source)
 
 
-def _baseline_candidates(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> list[_Candidate]:
+def _baseline_candidates(graph: "Graph", budget_bytes: int, options: SolveOptions) -> list[_Candidate]:
     """Every registered baseline's schedule, replayed (those that fail or do not exist are skipped)."""
-    from checkmate.solvers import STRATEGIES, SolveOptions
-
     out = []
     opts = SolveOptions(time_limit_s=options.time_limit_s, seed=options.seed)
-    for spec in STRATEGIES.values():
-        if not spec.target.startswith("checkmate.solvers.baselines:"):
-            continue
+    for spec in baseline_specs():
         try:
             result = spec.fn(graph, budget_bytes, opts)
         except (CheckmateError, AttributeError, ImportError, NotImplementedError):
@@ -131,15 +101,8 @@ def _baseline_candidates(graph: "Graph", budget_bytes: int, options: "SolveOptio
     return out
 
 
-def _trivial_lower_bound(graph: "Graph") -> int:
-    need = graph.mem.astype(np.int64).copy()
-    for k, deps in enumerate(graph.deps):
-        need[k] += int(graph.mem[list(deps)].sum()) if deps else 0
-    return int(graph.fixed_mem) + int(need.max(initial=0))
-
-
 # ---------------------------------------------------------------------------------- options
-def _deadline(options: "SolveOptions") -> float | None:
+def _deadline(options: SolveOptions) -> float | None:
     return None if options.time_limit_s is None else time.perf_counter() + float(options.time_limit_s)
 
 
@@ -147,18 +110,18 @@ def _remaining(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.perf_counter(), 0.01)
 
 
-def _build(graph: "Graph", budget_bytes: int, options: "SolveOptions", backend) -> CheckmateFormulation:
-    extra = dict(options.extra or {})
-    return build_formulation(graph, budget_bytes, exact_free=bool(extra.get("exact_free", False)),
-                             integral_s_only=bool(extra.get("integral_s_only", False)),
+def _build(graph: "Graph", budget_bytes: int, options: SolveOptions, backend: Backend) -> CheckmateFormulation:
+    milp = options.milp
+    return build_formulation(graph, budget_bytes, exact_free=bool(milp.exact_free),
+                             integral_s_only=bool(milp.integral_s_only),
                              integral_units=backend.needs_integral_rows,
-                             exclusive_rows=extra.get("exclusive_rows"),
-                             flow_rows=bool(extra.get("flow_rows", True)),
-                             residency_rows=bool(extra.get("residency_rows", True)),
-                             working_set_fraction=extra.get("working_set_fraction"))
+                             exclusive_rows=milp.exclusive_rows,
+                             flow_rows=bool(milp.flow_rows),
+                             residency_rows=bool(milp.residency_rows),
+                             working_set_fraction=milp.working_set_fraction)
 
 
-def _solver_label(backend) -> str:
+def _solver_label(backend: Backend) -> str:
     return getattr(backend, "label", backend.name)
 
 
@@ -178,8 +141,8 @@ class _ProvenInfeasible(Exception):
     """The solver proved the budget infeasible (internal; strategies turn it into InfeasibleBudgetError)."""
 
 
-def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_limit_s: float | None = None,
-                            candidates: list[_Candidate] | None = None) -> MinimumBudget:
+def bracket_minimum_budget(graph: "Graph", options: SolveOptions, *, time_limit_s: float | None = None,
+                           candidates: list[_Candidate] | None = None) -> MinimumBudget:
     """Bracket the smallest budget at which a schedule exists, within ``time_limit_s``.
 
     The bracket starts at ``[max_k (mem[k] + inputs of k) + fixed, lowest-peak baseline]`` and is
@@ -189,11 +152,9 @@ def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_lim
     out ends the search below it. ``feasible_bytes`` always has a replayed schedule; it is the exact
     minimum when ``proven``.
     """
-    from checkmate.solvers import SolveOptions
-
     limit = _MIN_BUDGET_TIME_S if time_limit_s is None else float(time_limit_s)
     deadline = time.perf_counter() + limit
-    lower = _trivial_lower_bound(graph)
+    lower = largest_working_set_bytes(graph)
     pool = list(candidates or []) + _baseline_candidates(graph, 2**62, options)
     best = min(pool, key=lambda c: (c.peak_bytes, c.cost))
     floor = lower      # probes below this are pointless: proven infeasible or already timed out
@@ -219,12 +180,16 @@ def minimum_feasible_budget(graph: "Graph", options: "SolveOptions", *, time_lim
     return MinimumBudget(best.peak_bytes, lower, lower >= best.peak_bytes, best.schedule)
 
 
-def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", strategy: str,
+# The name the bracket had first (tests and experiments import it).
+minimum_feasible_budget = bracket_minimum_budget
+
+
+def _infeasible(graph: "Graph", budget_bytes: int, options: SolveOptions, strategy: str,
                 deadline: float | None, why: str) -> InfeasibleBudgetError:
     remaining = _remaining(deadline)
     limit = _MIN_BUDGET_TIME_S if remaining is None else min(_MIN_BUDGET_TIME_S, remaining)
     try:
-        mb = minimum_feasible_budget(graph, options, time_limit_s=limit)
+        mb = bracket_minimum_budget(graph, options, time_limit_s=limit)
         feasible = mb.feasible_bytes
         detail = (f"the minimum feasible budget is {feasible} bytes" if mb.proven else
                   f"a schedule fits in {feasible} bytes and none in less than {mb.lower_bytes}")
@@ -232,10 +197,9 @@ def _infeasible(graph: "Graph", budget_bytes: int, options: "SolveOptions", stra
         mb = None
         feasible = None
         detail = f"the minimum feasible budget could not be established ({exc})"
-    error = InfeasibleBudgetError(f"no schedule fits in {budget_bytes} bytes ({why}); {detail}",
-                                  budget_bytes=budget_bytes, min_feasible_budget_bytes=feasible, strategy=strategy)
-    error.minimum = mb
-    return error
+    return InfeasibleBudgetError(f"no schedule fits in {budget_bytes} bytes ({why}); {detail}",
+                                 budget_bytes=budget_bytes, min_feasible_budget_bytes=feasible, strategy=strategy,
+                                 minimum=mb)
 
 
 def _tolerance_bytes(graph: "Graph", budget_bytes: int) -> int:
@@ -244,7 +208,7 @@ def _tolerance_bytes(graph: "Graph", budget_bytes: int) -> int:
 
 
 # ---------------------------------------------------------------------------------- strategies
-def _solve_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions"):
+def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
     """(best fitting candidate or None, proven bound or None, last backend result or None).
 
     Raises :class:`_ProvenInfeasible` when the LP or the MILP proves that nothing fits and no
@@ -253,15 +217,14 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions"):
     deadline = _deadline(options)
     backend = get_backend(options.solver)
     label = _solver_label(backend)
-    extra = dict(options.extra or {})
-    if budget_bytes < _trivial_lower_bound(graph):
+    if budget_bytes < largest_working_set_bytes(graph):
         raise _ProvenInfeasible("some node's inputs and output alone exceed it")
     form = _build(graph, budget_bytes, options, backend)
     pool = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
     bound = None
     # A backend without LPs (CP-SAT) gets its bound and first incumbents from HiGHS' LP on the same model.
     lp_backend = backend if backend.lp_capable else get_backend("highs")
-    if extra.get("root_lp", True):
+    if options.milp.root_lp:
         lp = lp_backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
                            threads=options.threads, verbose=options.verbose)
         if lp.status == INFEASIBLE:
@@ -281,7 +244,7 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions"):
     res = None
     best = min(pool, key=lambda c: c.cost) if pool else None
     gap = gap_of(best, bound)
-    if best is not None and (gap is None or gap > options.mip_gap + 1e-9) and extra.get("improve_start", True):
+    if best is not None and (gap is None or gap > options.mip_gap + 1e-9) and options.milp.improve_start:
         remaining = _remaining(deadline)
         budget_s = _IMPROVE_TIME_S if remaining is None else min(_IMPROVE_TIME_S, _IMPROVE_FRACTION * remaining)
         best = improve_by_holding(graph, best, budget_bytes, deadline=time.perf_counter() + budget_s)
@@ -324,7 +287,7 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions"):
     return best, bound, res
 
 
-def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     """Solve the MILP; return the cheapest replayed schedule that fits, with the proven lower bound.
 
     Order of work: the baselines give a first incumbent; the LP relaxation gives a bound, and its
@@ -334,22 +297,20 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
     is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
     returned schedule is within ``options.mip_gap`` of a proven bound.
 
-    ``options.extra``: ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
+    ``options.milp`` (:class:`~checkmate.solvers.types.MilpOptions`): ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
     ``exact_free=True`` builds the model with the exact FREE definition; ``flow_rows=False`` leaves out
     the flow rows, ``residency_rows=False`` the residency rows, ``working_set_fraction`` picks the
     positions with a residency row and ``exclusive_rows=True`` adds ``R + S <= 1`` (see
     :func:`build_formulation`);
     ``improve_start=False`` skips the local search on the MIP start.
     """
-    from checkmate.solvers import StrategyOutput
-
     deadline = _deadline(options)
     label = _solver_label(get_backend(options.solver))
     try:
         best, bound, res = _solve_milp(graph, budget_bytes, options)
     except _ProvenInfeasible as why:
         error = _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, str(why))
-        mb = getattr(error, "minimum", None)
+        mb = error.minimum
         if mb is not None and mb.feasible_bytes <= budget_bytes:
             # a proof "within tolerances" that the minimum-budget search contradicts with a replayed
             # schedule: return that schedule, without claiming anything about its cost
@@ -377,11 +338,11 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -
     return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal, status=status, solver=label)
 
 
-def _solve_relaxation(graph: "Graph", budget_bytes: int, options: "SolveOptions", strategy: str):
+def _solve_relaxation(graph: "Graph", budget_bytes: int, options: SolveOptions, strategy: str):
     deadline = _deadline(options)
     backend = get_backend(options.solver)
     label = _solver_label(backend)
-    if budget_bytes < _trivial_lower_bound(graph):
+    if budget_bytes < largest_working_set_bytes(graph):
         raise _infeasible(graph, budget_bytes, options, strategy, deadline,
                           "some node's inputs and output alone exceed it")
     form = _build(graph, budget_bytes, options, backend)
@@ -395,10 +356,8 @@ def _solve_relaxation(graph: "Graph", budget_bytes: int, options: "SolveOptions"
     return form, res, label, deadline
 
 
-def lower_bound_lp(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+def lower_bound_lp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     """The LP relaxation's optimum: no schedule within the budget costs less."""
-    from checkmate.solvers import StrategyOutput
-
     form, res, label, _ = _solve_relaxation(graph, budget_bytes, options, "lower_bound_lp")
     return StrategyOutput(None, lower_bound=res.objective * form.model.objective_scale, optimal=False,
                           status="LP relaxation solved", solver=label)
@@ -522,17 +481,15 @@ def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, 
     return out
 
 
-def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
+def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
     """LP relaxation, then threshold and randomized rounding of S; the cheapest rounding that fits."""
-    from checkmate.solvers import StrategyOutput
-
     form, res, label, deadline = _solve_relaxation(graph, budget_bytes, options, "checkmate_lp_rounding")
     bound = res.objective * form.model.objective_scale
     found = round_relaxation(graph, form, res.x, budget_bytes, seed=options.seed, deadline=deadline)
     if not found:
         error = _infeasible(graph, budget_bytes, options, "checkmate_lp_rounding", deadline,
                             "no rounding of the LP relaxation fits")
-        mb = getattr(error, "minimum", None)
+        mb = error.minimum
         if mb is not None and mb.lower_bytes > budget_bytes:
             raise error      # proven: nothing fits, the LP was feasible only within its tolerances
         raise SolverError(f"no rounding of the LP relaxation fits {budget_bytes} bytes; "

@@ -23,7 +23,8 @@ import tensorflow as tf
 from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
-from checkmate.solvers import SolveResult, format_bytes, get_strategy, parse_budget, solve
+from checkmate.solvers import SolveResult, format_bytes, parse_budget, solve
+from checkmate.solvers.minimum_budget import strategy_minimum_budget as minimum_feasible_budget
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.keras_model import RematModel
@@ -97,49 +98,6 @@ def resolve_budget(budget: Any, graph, model: Any = None, device: str | None = N
             resident += int(np.prod(v.shape, dtype=np.int64)) * tf.as_dtype(v.dtype).size
         return int(available_device_memory(device)) + int(resident)
     return parse_budget(budget, graph)
-
-
-def _lower_bound_bytes(graph) -> int:
-    """No schedule beats max_k (mem[k] + sum of k's inputs) + fixed bytes (docs/design.md §3)."""
-    return int(graph.fixed_mem) + max(int(graph.mem[k]) + sum(int(graph.mem[d]) for d in graph.deps[k])
-                                      for k in range(graph.n))
-
-
-def minimum_feasible_budget(graph, strategy: str, *, solver: str | None = None, time_limit_s: float | None = None,
-                            rel_tol: float = 0.01, **options: Any) -> int:
-    """The smallest budget at which ``strategy`` finds a schedule, within ``rel_tol`` (bisection).
-
-    For a strategy that ignores the budget this is its own peak. For budget-aware ones the search
-    runs between the lower bound of docs/design.md §3 and checkpoint-all's peak.
-    """
-    from checkmate.solvers import checkpoint_all_peak
-
-    hi = checkpoint_all_peak(graph)
-    spec = get_strategy(strategy)
-    if not spec.budget_aware:
-        try:
-            return int(solve(graph, hi * 64, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
-                             **options).peak_memory_bytes)
-        except InfeasibleBudgetError as exc:
-            if exc.min_feasible_budget_bytes is not None:
-                return int(exc.min_feasible_budget_bytes)
-            raise
-    lo = _lower_bound_bytes(graph) - 1        # infeasible for every strategy
-    best = None
-    try:
-        best = int(solve(graph, hi, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
-                         **options).peak_memory_bytes)
-    except InfeasibleBudgetError:
-        return hi
-    hi = best
-    while hi - lo > max(1, int(rel_tol * hi)):
-        mid = (lo + hi) // 2
-        try:
-            r = solve(graph, mid, strategy=strategy, solver=solver, time_limit_s=time_limit_s, **options)
-            hi = min(mid, int(r.peak_memory_bytes))
-        except InfeasibleBudgetError:
-            lo = mid
-    return int(hi)
 
 
 class CompiledStep:

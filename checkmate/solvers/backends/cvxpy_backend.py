@@ -13,8 +13,9 @@ import time
 import numpy as np
 
 from checkmate.errors import BackendUnavailableError, SolverError
-from checkmate.solvers.backends import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
-                                        BackendResult, _require, quiet_stdout)
+from checkmate.solvers.backends.base import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, OPTIMAL, Backend, BackendResult,
+                                             quiet_stdout, require_package, split_rows)
+from checkmate.solvers.backends.gurobi import size_limited_licence_refuses
 
 __all__ = ["CvxpyBackend", "CVXPY_MILP_SOLVERS"]
 
@@ -41,10 +42,18 @@ class CvxpyBackend(Backend):
         self.label = f"cvxpy/{self.solver}"
 
     def check_available(self) -> None:
-        cp = _require("cvxpy", "cvxpy", self.label)
+        cp = require_package("cvxpy", "cvxpy", self.label)
         if self.solver not in cp.installed_solvers():
             raise BackendUnavailableError(
                 f"cvxpy's solver {self.solver} is not installed here; use {DEFAULT_FALLBACK}")
+
+    def status_map(self):
+        import cvxpy as cp
+
+        # every column is bounded: "infeasible or unbounded" can only be infeasible
+        infeasible_or_unbounded = getattr(cp.settings, "INFEASIBLE_OR_UNBOUNDED", "infeasible_or_unbounded")
+        return {cp.OPTIMAL: OPTIMAL, cp.OPTIMAL_INACCURATE: OPTIMAL, cp.USER_LIMIT: FEASIBLE,
+                cp.INFEASIBLE: INFEASIBLE, cp.INFEASIBLE_INACCURATE: INFEASIBLE, infeasible_or_unbounded: INFEASIBLE}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
         import cvxpy as cp
@@ -67,11 +76,9 @@ class CvxpyBackend(Backend):
         lhs = sum(M @ v for v, M, _ in parts)
         objective = cp.Minimize(sum(c @ v for v, _, c in parts) + model.offset)
         cons = []
-        eq = model.row_lo == model.row_hi
-        upper = ~eq & np.isfinite(model.row_hi)
-        lower = ~eq & np.isfinite(model.row_lo)
+        rows = split_rows(model)
         A_rows = model.A.tocsr()
-        for mask, kind in ((eq, "eq"), (upper, "le"), (lower, "ge")):
+        for mask, kind in ((rows.equal, "eq"), (rows.upper, "le"), (rows.lower, "ge")):
             if not mask.any():
                 continue
             sub = [(v, A_rows[mask][:, idx]) for (flag, (idx, v)) in cols.items()]
@@ -120,23 +127,12 @@ class CvxpyBackend(Backend):
         if not is_mip and status == cp.OPTIMAL and x is not None:
             bound = float(model.c @ x + model.offset)
         objective_value = None if x is None else float(model.c @ x + model.offset)
-        if status == cp.OPTIMAL or (status == cp.OPTIMAL_INACCURATE and x is not None):
-            out = OPTIMAL
-        elif status in (cp.INFEASIBLE, cp.INFEASIBLE_INACCURATE, getattr(cp.settings, "INFEASIBLE_OR_UNBOUNDED", "infeasible_or_unbounded")):
-            out = INFEASIBLE   # every column is bounded: "or unbounded" can only be infeasible
-        elif status == cp.USER_LIMIT:
-            out = FEASIBLE if x is not None else NO_SOLUTION
-        else:
-            raise SolverError(f"{self.label} stopped with status {status!r}")
-        if out == OPTIMAL and x is None:
-            raise SolverError(f"{self.label} reported an optimum without a solution")
+        out = self.outcome(status, x is not None, f"{self.label} stopped with status {status!r}")
         return BackendResult(out, x, objective_value, bound, solver=self.label, message=str(status), seconds=seconds)
 
     def _licence_hint(self, model) -> str:
         if self.solver != "GUROBI":
             return ""
-        from checkmate.solvers.backends.gurobi import size_limited_licence_refuses
-
         if size_limited_licence_refuses(model):
             return (f"gurobipy's size-limited licence refuses this model ({model.num_cols} variables, "
                     f"{model.num_rows} rows); use {DEFAULT_FALLBACK}")

@@ -12,8 +12,8 @@ import time
 import numpy as np
 
 from checkmate.errors import BackendUnavailableError, SolverError
-from checkmate.solvers.backends import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
-                                        BackendResult, _require)
+from checkmate.solvers.backends.base import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, OPTIMAL, Backend, BackendResult,
+                                             require_package, split_rows)
 
 __all__ = ["GurobiBackend", "size_limited_licence_refuses"]
 
@@ -56,7 +56,7 @@ class GurobiBackend(Backend):
     supports_mip_start = True
 
     def check_available(self) -> None:
-        gp = _require("gurobipy", "gurobipy", self.name)
+        gp = require_package("gurobipy", "gurobipy", self.name)
         try:
             env = gp.Env(empty=True)
             env.setParam("OutputFlag", 0)
@@ -64,6 +64,15 @@ class GurobiBackend(Backend):
             env.dispose()
         except gp.GurobiError as exc:
             raise BackendUnavailableError(f"gurobipy found no usable licence ({exc}); use {DEFAULT_FALLBACK}") from None
+
+    def status_map(self):
+        from gurobipy import GRB
+
+        stopped = (GRB.TIME_LIMIT, GRB.INTERRUPTED, GRB.NODE_LIMIT, GRB.ITERATION_LIMIT, GRB.SOLUTION_LIMIT,
+                   GRB.WORK_LIMIT)
+        # every column is bounded: "or unbounded" can only be infeasible
+        return {GRB.OPTIMAL: OPTIMAL, GRB.INFEASIBLE: INFEASIBLE, GRB.INF_OR_UNBD: INFEASIBLE,
+                **{status: FEASIBLE for status in stopped}}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
         import gurobipy as gp
@@ -85,10 +94,9 @@ class GurobiBackend(Backend):
             x = m.addMVar(model.num_cols, lb=lo, ub=hi, vtype=vtype)
             m.setObjective(model.c @ x + float(model.offset), GRB.MINIMIZE)
             A = model.A.tocsr()
-            eq = model.row_lo == model.row_hi
-            le = ~eq & np.isfinite(model.row_hi)
-            ge = ~eq & np.isfinite(model.row_lo)
-            for mask, sense, rhs in ((eq, "=", model.row_hi), (le, "<", model.row_hi), (ge, ">", model.row_lo)):
+            rows = split_rows(model)
+            for mask, sense, rhs in ((rows.equal, "=", model.row_hi), (rows.upper, "<", model.row_hi),
+                                     (rows.lower, ">", model.row_lo)):
                 if mask.any():
                     m.addMConstr(A[mask], x, sense, rhs[mask])
             if mip_start is not None and model.integer.any():
@@ -116,15 +124,7 @@ class GurobiBackend(Backend):
                     bound = None
             elif status == GRB.OPTIMAL:
                 bound = objective
-            if status == GRB.OPTIMAL:
-                out = OPTIMAL
-            elif status in (GRB.INFEASIBLE, GRB.INF_OR_UNBD):
-                out = INFEASIBLE    # every column is bounded: "or unbounded" can only be infeasible
-            elif status in (GRB.TIME_LIMIT, GRB.INTERRUPTED, GRB.NODE_LIMIT, GRB.ITERATION_LIMIT,
-                            GRB.SOLUTION_LIMIT, GRB.WORK_LIMIT):
-                out = FEASIBLE if has_solution else NO_SOLUTION
-            else:
-                raise SolverError(f"Gurobi stopped with status code {status}")
+            out = self.outcome(status, has_solution, f"Gurobi stopped with status code {status}")
             return BackendResult(out, values, objective, bound, solver="gurobi", message=f"status {status}",
                                  seconds=seconds)
         finally:

@@ -7,8 +7,8 @@ import time
 import numpy as np
 
 from checkmate.errors import SolverError
-from checkmate.solvers.backends import (FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, BackendResult,
-                                        _require, quiet_stdout)
+from checkmate.solvers.backends.base import (FEASIBLE, INFEASIBLE, OPTIMAL, Backend, BackendResult, quiet_stdout,
+                                             require_package)
 
 __all__ = ["HighsBackend"]
 
@@ -27,7 +27,17 @@ class HighsBackend(Backend):
     supports_mip_start = True
 
     def check_available(self) -> None:
-        _require("highspy", "highspy", self.name)
+        require_package("highspy", "highspy", self.name)
+
+    def status_map(self):
+        import highspy
+
+        ms = highspy.HighsModelStatus
+        stopped = (ms.kTimeLimit, ms.kIterationLimit, ms.kSolutionLimit, ms.kInterrupt, ms.kObjectiveBound,
+                   ms.kObjectiveTarget)
+        # every column is bounded, so "unbounded or infeasible" can only mean infeasible
+        return {ms.kOptimal: OPTIMAL, ms.kInfeasible: INFEASIBLE, ms.kUnboundedOrInfeasible: INFEASIBLE,
+                **{status: FEASIBLE for status in stopped}}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None,
               extra_options=None):
@@ -107,19 +117,7 @@ class HighsBackend(Backend):
             bound = float(info.mip_dual_bound) if np.isfinite(info.mip_dual_bound) else None
         else:
             bound = objective
-        ms = highspy.HighsModelStatus
-        if model_status == ms.kOptimal:
-            out = OPTIMAL
-        elif model_status in (ms.kInfeasible, ms.kUnboundedOrInfeasible):
-            # every column is bounded, so "unbounded or infeasible" can only mean infeasible
-            out = INFEASIBLE
-        elif model_status in (ms.kTimeLimit, ms.kIterationLimit, ms.kSolutionLimit, ms.kInterrupt,
-                              ms.kObjectiveBound, ms.kObjectiveTarget):
-            out = FEASIBLE if has_solution else NO_SOLUTION
-        else:
-            raise SolverError(f"HiGHS stopped with status {name!r}")
-        if out == OPTIMAL and x is None:
-            raise SolverError("HiGHS reported an optimum but returned no solution")
+        out = self.outcome(model_status, has_solution, f"HiGHS stopped with status {name!r}")
         return BackendResult(out, x, objective, bound, solver="highs", message=name, seconds=seconds)
 
 

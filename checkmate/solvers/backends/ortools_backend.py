@@ -14,8 +14,8 @@ import time
 import numpy as np
 
 from checkmate.errors import BackendUnavailableError, SolverError
-from checkmate.solvers.backends import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
-                                        BackendResult, _require)
+from checkmate.solvers.backends.base import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
+                                             BackendResult, require_package)
 
 __all__ = ["CpSatBackend"]
 
@@ -39,7 +39,13 @@ class CpSatBackend(Backend):
             raise BackendUnavailableError(
                 "the OR-Tools backend cannot run in a process that has imported TensorFlow (their native "
                 f"libraries clash); solve the graph file with 'checkmate solve --solver ortools' or use {DEFAULT_FALLBACK}")
-        _require("ortools.sat.python.cp_model", "ortools", self.name)
+        require_package("ortools.sat.python.cp_model", "ortools", self.name)
+
+    def status_map(self):
+        from ortools.sat.python import cp_model
+
+        return {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE, cp_model.INFEASIBLE: INFEASIBLE,
+                cp_model.UNKNOWN: NO_SOLUTION}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
         from ortools.sat.python import cp_model
@@ -90,17 +96,9 @@ class CpSatBackend(Backend):
         x = np.array(response.solution, dtype=np.float64) if has_solution else None
         objective = float(model.c @ x + model.offset) if has_solution else None
         bound_value = float(response.best_objective_bound) if has_solution or status == cp_model.UNKNOWN else None
-        if status == cp_model.OPTIMAL:
-            out = OPTIMAL
-        elif status == cp_model.FEASIBLE:
-            gap = (objective - bound_value) / max(abs(objective), 1e-9)
-            out = OPTIMAL if gap <= mip_gap + 1e-12 else FEASIBLE
-        elif status == cp_model.INFEASIBLE:
-            out = INFEASIBLE
-        elif status == cp_model.UNKNOWN:
-            out = NO_SOLUTION
-        else:
-            raise SolverError(f"CP-SAT stopped with status {solver.StatusName(status)}: "
-                              f"{response.solution_info or 'invalid model'}")
+        out = self.outcome(status, has_solution, f"CP-SAT stopped with status {solver.StatusName(status)}: "
+                                                 f"{response.solution_info or 'invalid model'}")
+        if out == FEASIBLE and (objective - bound_value) / max(abs(objective), 1e-9) <= mip_gap + 1e-12:
+            out = OPTIMAL    # within the requested gap: solved, as the other backends report it
         return BackendResult(out, x, objective, bound_value, solver=self.label,
                              message=solver.StatusName(status), seconds=seconds)

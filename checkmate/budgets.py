@@ -1,0 +1,77 @@
+"""Memory budgets as people write them: parsing (``"2GiB"``, ``"1.5GB"``, ``"60%"``) and printing.
+
+A percentage refers to the checkpoint-all peak (:func:`checkmate.bounds.checkpoint_all_peak`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+from typing import TYPE_CHECKING, Any
+
+from checkmate.bounds import checkpoint_all_peak
+from checkmate.errors import InvalidBudgetError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.graph import Graph
+
+__all__ = ["parse_budget", "format_bytes"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
+
+
+def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
+    """Bytes from ``123``, ``"2GiB"``, ``"1.5GB"``, ``"512MiB"`` or ``"60%"`` (of checkpoint-all's peak)."""
+    if isinstance(budget, bool):
+        raise InvalidBudgetError(f"invalid budget {budget!r}")
+    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+        value = float(budget)
+        if not math.isfinite(value) or value <= 0:
+            raise InvalidBudgetError(f"budget must be a positive number of bytes, got {budget!r}")
+        if value < 1:
+            raise _less_than_a_byte(budget, value)
+        return int(value)
+    if not isinstance(budget, str):
+        raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
+    match = _BUDGET_RE.match(budget)
+    if not match:
+        raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
+    # Exact decimal arithmetic: in floating point "2.01GB" would come out one byte short.
+    number, unit = Fraction(match.group(1)), match.group(2).lower()
+    if number <= 0:
+        raise InvalidBudgetError(f"budget must be positive, got {budget!r}")
+    if unit == "%":
+        if graph is None:
+            raise InvalidBudgetError(f"a percentage budget ({budget}) needs a graph to refer to")
+        return math.floor(checkpoint_all_peak(graph) * number / 100)
+    if unit not in _UNITS:
+        raise InvalidBudgetError(f"unknown unit {match.group(2)!r} in budget {budget!r} "
+                                 "(use B, KB, MB, GB, KiB, MiB, GiB or %)")
+    if number * _UNITS[unit] < 1:
+        raise _less_than_a_byte(budget, number if unit == "" else None)
+    return math.floor(number * _UNITS[unit])
+
+
+def _less_than_a_byte(budget: Any, number: Any) -> InvalidBudgetError:
+    message = f"budget {budget!r} is less than one byte"
+    if number is not None:
+        # a bare 0.6 is more likely meant as a fraction of the checkpoint-all peak than as 0.6 bytes
+        message += f"; for a fraction of the checkpoint-all peak give a percentage, e.g. '{float(number) * 100:g}%'"
+    return InvalidBudgetError(message)
+
+
+def format_bytes(num: float | None) -> str:
+    if num is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.0f} {unit}" if unit == "B" else f"{num:.2f} {unit}"
+        num /= 1024
+    return f"{num} B"  # unreachable

@@ -1,0 +1,99 @@
+"""The strategy registry: every strategy's name, where it lives, what kind it is and its options.
+
+Implementations are named by ``"module:function"`` and imported on first use, so that choosing a
+baseline never loads the MILP's solvers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from checkmate.errors import InvalidArgumentError
+from checkmate.solvers.backends import backend_names
+from checkmate.solvers.types import MilpOptions, SolveOptions, StrategyKind, StrategySpec, option_names
+
+__all__ = ["STRATEGIES", "get_strategy", "strategy_names", "baseline_specs", "check_solver_name",
+           "make_options"]
+
+_B = "checkmate.solvers.baselines"
+_M = "checkmate.solvers.milp"
+_BASE = StrategyKind.BASELINE
+_SOLVER = StrategyKind.SOLVER
+STRATEGIES: dict[str, StrategySpec] = {
+    spec.name: spec
+    for spec in [
+        StrategySpec("checkpoint_all", f"{_B}:checkpoint_all", False,
+                     "keep every value until its last use; each node computed once (no recomputation)", _BASE),
+        StrategySpec("checkpoint_last_node", f"{_B}:checkpoint_last_node", False,
+                     "keep only the previous stage's value; recompute everything else on demand", _BASE),
+        StrategySpec("chen_sqrtn", f"{_B}:chen_sqrtn", False,
+                     "Chen et al.: checkpoint every sqrt(n)-th articulation point", _BASE),
+        StrategySpec("chen_greedy", f"{_B}:chen_greedy", True,
+                     "Chen et al.: greedy segments over articulation points, segment size searched to fit", _BASE),
+        StrategySpec("chen_sqrtn_linearized", f"{_B}:chen_sqrtn_linearized", False,
+                     "Chen sqrt(n) over all forward nodes, treating the graph as a chain", _BASE),
+        StrategySpec("chen_greedy_linearized", f"{_B}:chen_greedy_linearized", True,
+                     "Chen greedy over all forward nodes, treating the graph as a chain", _BASE),
+        StrategySpec("griewank_logn", f"{_B}:griewank_logn", True,
+                     "binomial checkpointing (revolve) over the articulation-point chain", _BASE),
+        StrategySpec("checkmate_milp", f"{_M}:checkmate_milp", True,
+                     "Checkmate's MILP: the cheapest schedule that fits, with a proven bound", _SOLVER,
+                     options=MilpOptions),
+        StrategySpec("checkmate_lp_rounding", f"{_M}:checkmate_lp_rounding", True,
+                     "LP relaxation of the MILP, rounded to a schedule that fits", _SOLVER, options=MilpOptions),
+        StrategySpec("lower_bound_lp", f"{_M}:lower_bound_lp", True,
+                     "LP relaxation's bound on the cost of any schedule that fits (no schedule)", _SOLVER,
+                     bound_only=True, options=MilpOptions),
+        StrategySpec("hierarchical", "checkmate.solvers.hierarchical:hierarchical", True,
+                     "blocks of the graph solved once each by a small MILP, combined by dynamic "
+                     "programming: near-optimal on deep models, thousands of nodes in minutes", _SOLVER),
+        StrategySpec("auto", "checkmate.solvers.auto:auto", True,
+                     "the exact MILP on small graphs, the hierarchical strategy on large ones, "
+                     "never worse than the best classic baseline", _SOLVER, options=MilpOptions),
+    ]
+}
+
+
+def strategy_names() -> list[str]:
+    return list(STRATEGIES)
+
+
+def get_strategy(name: str) -> StrategySpec:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise InvalidArgumentError(
+            f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}") from None
+
+
+def baseline_specs() -> list[StrategySpec]:
+    """The registered baselines, in registry order."""
+    return [spec for spec in STRATEGIES.values() if spec.kind is StrategyKind.BASELINE]
+
+
+def check_solver_name(solver: str | None) -> None:
+    """Reject an unknown solver name up front, whatever the strategy (baselines use no solver, but a
+    misspelt name is still a mistake worth reporting). Only the name is checked: no solver is loaded."""
+    if solver is None:
+        return
+    names = backend_names()
+    if not isinstance(solver, str) or solver.strip().lower() not in {name.lower() for name in names}:
+        raise InvalidArgumentError(f"unknown solver {solver!r}; choose one of: {', '.join(names)}")
+
+
+def make_options(solver: str | None = None, time_limit_s: float | None = None, **options: Any) -> SolveOptions:
+    """:class:`SolveOptions` from ``solve``'s keyword arguments.
+
+    Every strategy accepts every known option and reads those that apply to it (so one set of options
+    can be passed to several strategies, as sweeps do); an unknown name is refused with the valid ones.
+    """
+    shared, milp = option_names()
+    unknown = sorted(set(options) - set(shared) - set(milp))
+    if unknown:
+        raise InvalidArgumentError(
+            f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; valid options: "
+            f"solver, time_limit_s, {', '.join(shared)}; for the MILP and LP strategies: {', '.join(milp)}")
+    milp_options = MilpOptions(**{k: v for k, v in options.items() if k in milp})
+    return SolveOptions(solver=solver, time_limit_s=time_limit_s, milp=milp_options,
+                        **{k: v for k, v in options.items() if k in shared})
+

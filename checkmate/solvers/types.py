@@ -1,0 +1,94 @@
+"""The types every strategy speaks: its options, what it returns and how it is registered.
+
+Options are typed: :class:`SolveOptions` holds the knobs shared by all strategies, and each family of
+strategies with settings of its own has a dataclass of them (:class:`MilpOptions` for the MILP and LP
+strategies), reached as a field of :class:`SolveOptions`.
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.graph import Graph
+    from checkmate.schedule import Schedule
+
+__all__ = ["DEFAULT_TIME_LIMIT_S", "MilpOptions", "SolveOptions", "StrategyOutput", "StrategyKind", "StrategySpec",
+           "option_names"]
+
+
+# What ``time_limit_s=None`` means: a solve never runs without end. Ten minutes lets the exact MILP
+# prove the papers' layer graphs optimal and the hierarchical strategy handle 10,000-node graphs on a
+# 2-core machine; pass a number to change it.
+DEFAULT_TIME_LIMIT_S = 600.0
+
+
+@dataclass(frozen=True)
+class MilpOptions:
+    """Settings of the MILP and LP strategies (see :func:`checkmate.solvers.milp.checkmate_milp` and
+    :func:`checkmate.solvers.formulation.build_formulation`)."""
+
+    root_lp: bool = True               # solve the LP relaxation and round it before branch and bound
+    exact_free: bool = False           # the exact FREE definition (one row per FREE cell)
+    integral_s_only: bool = False      # declare only S integral (R is re-derived anyway)
+    exclusive_rows: bool | None = None  # add R + S <= 1 (None: only with exact_free)
+    flow_rows: bool = True             # the flow rows (False: the published, weaker relaxation)
+    residency_rows: bool = True        # the residency rows (knapsacks over the holds)
+    working_set_fraction: float | None = None  # which positions get a residency row (None: the default)
+    improve_start: bool = True         # local search on the MIP start
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    """Knobs shared by all strategies; each strategy reads the ones that apply to it."""
+
+    solver: str | None = None          # backend name for MILP/LP strategies ("cvxpy", "gurobi", ...)
+    time_limit_s: float | None = None
+    mip_gap: float = 0.005             # relative gap at which a MILP counts as solved (0.5%)
+    threads: int | None = None
+    verbose: bool = False
+    seed: int = 0
+    milp: MilpOptions = field(default_factory=MilpOptions)
+
+
+def option_names() -> tuple[list[str], list[str]]:
+    """(shared option names, per-strategy option names) that ``solve(..., **options)`` accepts."""
+    shared = [f.name for f in fields(SolveOptions) if f.name not in ("solver", "time_limit_s", "milp")]
+    return shared, [f.name for f in fields(MilpOptions)]
+
+
+@dataclass(frozen=True)
+class StrategyOutput:
+    """What a strategy returns. ``schedule`` is None only for bound-only strategies."""
+
+    schedule: "Schedule | None"
+    lower_bound: float | None = None
+    optimal: bool = False
+    status: str = "ok"
+    solver: str | None = None
+
+
+class StrategyKind(str, enum.Enum):
+    """How a strategy finds its schedule."""
+
+    BASELINE = "baseline"    # a fixed rule (no solver): its schedule is a starting point for the MILP
+    SOLVER = "solver"        # an LP or MILP solved by a backend
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    target: str          # "module:function", imported on first use so heavy solvers load lazily
+    budget_aware: bool
+    description: str
+    kind: StrategyKind = StrategyKind.BASELINE
+    bound_only: bool = False     # returns a lower bound and no schedule
+    options: type | None = None  # the dataclass of the strategy's own settings, if it has any
+
+    @property
+    def fn(self) -> Callable[["Graph", int, SolveOptions], StrategyOutput]:
+        module, func = self.target.split(":")
+        return getattr(importlib.import_module(module), func)

@@ -1,0 +1,175 @@
+"""The hierarchical strategy and ``auto``: valid schedules, within the stated gap of the flat MILP's
+optimum, identical blocks solved once, graphs without block structure handled."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from cases import SMALL_CASES, assert_valid_schedule, brute_force_optimum, random_dags
+from checkmate import synthetic
+from checkmate.errors import InfeasibleBudgetError
+from checkmate.graph import GraphBuilder
+from checkmate.solvers import checkpoint_all_peak, solve
+from checkmate.solvers import hierarchical as hier
+
+SMALL = {**SMALL_CASES,
+         "resnet3": lambda: synthetic.resnet(3, mem=4, cost=5.0),
+         "unet3": lambda: synthetic.unet(3, base_mem=16, base_cost=10.0),
+         "chain12": lambda: synthetic.chain(12, mem=8)}
+
+
+def _budgets(graph):
+    peak = checkpoint_all_peak(graph)
+    return sorted({peak, int(peak * 0.8), int(peak * 0.65)})
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_within_stated_gap_of_the_milp_optimum(name):
+    graph = SMALL[name]()
+    for budget in _budgets(graph):
+        try:
+            exact = solve(graph, budget, strategy="checkmate_milp", mip_gap=1e-9, time_limit_s=60)
+        except InfeasibleBudgetError:
+            with pytest.raises(InfeasibleBudgetError):
+                solve(graph, budget, strategy="hierarchical")
+            continue
+        assert exact.optimal
+        try:
+            result = solve(graph, budget, strategy="hierarchical")
+        except InfeasibleBudgetError as exc:
+            # one recomputation per block reaches less far than the MILP; the minimum it names works
+            assert exc.min_feasible_budget_bytes > budget
+            assert solve(graph, exc.min_feasible_budget_bytes, strategy="hierarchical").peak_memory_bytes \
+                <= exc.min_feasible_budget_bytes
+            continue
+        assert_valid_schedule(graph, result.schedule, budget)
+        tol = 1e-9 * max(1.0, exact.compute_cost)
+        assert result.compute_cost >= exact.compute_cost - tol
+        assert result.lower_bound <= exact.compute_cost + tol
+        # the stated gap covers the distance to the optimum
+        assert result.compute_cost - exact.compute_cost <= result.gap * result.compute_cost + tol
+        assert not result.optimal or result.compute_cost <= exact.compute_cost + tol
+
+
+def test_beats_chen_greedy_on_a_deep_network_and_states_its_bound():
+    graph = synthetic.resnet(40)
+    budget = int(checkpoint_all_peak(graph) * 0.5)
+    result = solve(graph, budget, strategy="hierarchical")
+    assert_valid_schedule(graph, result.schedule, budget)
+    greedy = solve(graph, budget, strategy="chen_greedy")
+    assert result.compute_cost <= greedy.compute_cost
+    assert result.lower_bound == pytest.approx(graph.total_cost)
+    assert "each node computed once" in result.status
+    assert "distinct blocks solved" in result.status
+
+
+def test_identical_blocks_are_solved_once(monkeypatch):
+    solves = []
+    real = hier.group_menu
+
+    def counting(graph, group, *args, **kwargs):
+        solves.append(group.signature(graph))
+        return real(graph, group, *args, **kwargs)
+
+    monkeypatch.setattr(hier, "group_menu", counting)
+    counts = {}
+    for blocks in (10, 30):
+        solves.clear()
+        graph = synthetic.resnet(blocks)
+        plan = hier.HierarchicalPlan()
+        hier.hierarchical_schedule(graph, int(checkpoint_all_peak(graph) * 0.5), plan=plan)
+        assert len(solves) == len(set(solves)) == plan.distinct_groups_solved
+        counts[blocks] = len(solves)
+    # three times the blocks, the same distinct groups: the work does not grow with depth
+    assert counts[30] == counts[10]
+
+
+def test_graph_without_block_structure_is_coarsened():
+    # every forward node reads the two before it: no articulation point anywhere
+    fwd = [(f"op{i}", 1.0 + i % 3, 1 << 10, [j for j in (i - 1, i - 2) if j >= 0]) for i in range(100)]
+    fwd.append(("loss", 0.1, 4, [99]))
+    graph = synthetic.training_graph(fwd, name="dense")
+    assert not graph.articulation_points() or len(graph.articulation_points()) < 3
+    budget = int(checkpoint_all_peak(graph) * 0.6)
+    result = solve(graph, budget, strategy="hierarchical")
+    assert_valid_schedule(graph, result.schedule, budget)
+    assert "cut at their narrowest points" in result.status
+
+
+def test_graphs_without_backward_or_forward_nodes():
+    forward_only = GraphBuilder("fwd")
+    prev = None
+    for i in range(6):
+        prev = forward_only.add_node(f"f{i}", 1.0, 4, [] if prev is None else [prev], output=(i == 5))
+    graph = forward_only.build()
+    result = solve(graph, checkpoint_all_peak(graph), strategy="hierarchical")
+    assert_valid_schedule(graph, result.schedule, checkpoint_all_peak(graph))
+    backward_only = GraphBuilder("bwd")
+    a = backward_only.add_node("a", 1.0, 4, backward=True)
+    backward_only.add_node("b", 1.0, 4, [a], backward=True, output=True)
+    graph = backward_only.build()
+    result = solve(graph, "100%", strategy="hierarchical")
+    assert_valid_schedule(graph, result.schedule)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(max_nodes=5))
+def test_random_dags_valid_and_never_below_the_brute_force_optimum(graph):
+    peak = checkpoint_all_peak(graph)
+    for budget in sorted({b for b in (peak, int(peak * 0.8)) if b >= 1}):
+        try:
+            result = solve(graph, budget, strategy="hierarchical")
+        except InfeasibleBudgetError as exc:
+            assert exc.min_feasible_budget_bytes is not None and exc.min_feasible_budget_bytes > budget
+            continue
+        assert_valid_schedule(graph, result.schedule, budget)
+        best = brute_force_optimum(graph, budget)
+        assert best is not None
+        assert result.compute_cost >= best[0] - 1e-9
+        assert result.lower_bound <= best[0] + 1e-9
+
+
+def test_interrupt_returns_the_best_schedule_so_far():
+    graph = synthetic.resnet(20)
+    budget = int(checkpoint_all_peak(graph) * 0.6)
+    calls = []
+
+    def progress(elapsed, best_cost):
+        calls.append(best_cost)
+        if best_cost is not None:
+            raise KeyboardInterrupt
+
+    plan = hier.HierarchicalPlan()
+    schedule, cost, peak = hier.hierarchical_schedule(graph, budget, plan=plan, progress=progress)
+    assert peak <= budget
+    assert any("interrupted" in note for note in plan.notes)
+    assert_valid_schedule(graph, schedule, budget)
+
+
+def test_auto_is_exact_on_small_graphs_and_never_worse_than_the_baselines():
+    graph = SMALL["unet3"]()
+    budget = int(checkpoint_all_peak(graph) * 0.8)
+    result = solve(graph, budget, strategy="auto", mip_gap=1e-9)
+    exact = solve(graph, budget, strategy="checkmate_milp", mip_gap=1e-9)
+    assert result.compute_cost == pytest.approx(exact.compute_cost)
+    big = synthetic.resnet(40)
+    budget = int(checkpoint_all_peak(big) * 0.5)
+    result = solve(big, budget, strategy="auto")
+    assert_valid_schedule(big, result.schedule, budget)
+    assert big.n > 160 and result.status.startswith(("hierarchical", "chen_greedy", "griewank_logn"))
+    for baseline in ("chen_greedy", "griewank_logn"):
+        try:
+            assert result.compute_cost <= solve(big, budget, strategy=baseline).compute_cost + 1e-9
+        except InfeasibleBudgetError:
+            pass
+
+
+def test_auto_names_a_minimum_at_which_it_succeeds():
+    graph = synthetic.resnet(40)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        solve(graph, graph.fixed_mem + 1, strategy="auto")
+    minimum = info.value.min_feasible_budget_bytes
+    assert minimum is not None
+    result = solve(graph, minimum, strategy="auto")
+    assert_valid_schedule(graph, result.schedule, minimum)
