@@ -19,6 +19,7 @@ __all__ = [
     "UnsupportedOpError",
     "InvalidArgumentError",
     "InvalidBudgetError",
+    "OutputPathError",
 ]
 
 
@@ -76,3 +77,8 @@ class InvalidArgumentError(CheckmateError, ValueError):
 
 class InvalidBudgetError(InvalidArgumentError):
     """A budget that cannot be parsed or is not positive."""
+
+
+class OutputPathError(InvalidArgumentError):
+    """An output path that cannot be written without destroying something: a directory, a device or
+    other non-regular file, a read-only file, or a path under a file."""

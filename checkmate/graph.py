@@ -22,6 +22,7 @@ import networkx as nx
 import numpy as np
 
 from checkmate.errors import InvalidGraphError
+from checkmate.io import atomic_write_json, read_text
 
 __all__ = ["Node", "Graph", "GraphBuilder", "load_graph", "save_graph", "graph_from_dict", "GRAPH_FORMAT"]
 
@@ -372,12 +373,7 @@ def graph_from_dict(data: Any, *, default_name: str = "graph") -> Graph:
 def load_graph(path: str | os.PathLike) -> Graph:
     """Read a graph file (native ``checkmate-graph/1`` or networkx node-link JSON)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8-sig")  # a leading byte-order mark is not an error
-    except OSError as exc:
-        raise InvalidGraphError(f"cannot read graph file {str(path)!r}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise InvalidGraphError(f"{path}: not UTF-8 text (byte {exc.start}): not a JSON graph file") from None
+    text = read_text(path, "graph file", InvalidGraphError)  # a leading byte-order mark is not an error
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -389,11 +385,9 @@ def load_graph(path: str | os.PathLike) -> Graph:
 
 def save_graph(graph: Graph, path: str | os.PathLike) -> None:
     """Write ``graph`` as native ``checkmate-graph/1`` JSON (atomically)."""
-    _atomic_write_json(Path(path), graph.to_dict())
+    atomic_write_json(path, graph.to_dict())
 
 
 def _atomic_write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
+    """Kept for callers of the earlier private name; see :func:`checkmate.io.atomic_write_json`."""
+    atomic_write_json(path, data)

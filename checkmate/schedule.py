@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from checkmate.errors import InvalidScheduleError
-from checkmate.graph import _atomic_write_json
+from checkmate.io import atomic_write_json, read_text
 from checkmate.simulate import walk
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -185,15 +185,16 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
-    _atomic_write_json(Path(path), schedule.to_dict())
+    atomic_write_json(path, schedule.to_dict())
 
 
 def load_schedule(path: str | os.PathLike, graph: "Graph | None" = None) -> Schedule:
     path = Path(path)
+    text = read_text(path, "schedule file", InvalidScheduleError)
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise InvalidScheduleError(f"cannot read schedule file {str(path)!r}: {exc.strerror or exc}") from None
+        data = json.loads(text)
+    except RecursionError:
+        raise InvalidScheduleError(f"{path}: JSON nested too deeply to be a schedule file") from None
     except json.JSONDecodeError as exc:
         raise InvalidScheduleError(f"{path}: malformed JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     return Schedule.from_dict(data, graph)

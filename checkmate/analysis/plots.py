@@ -14,13 +14,14 @@ from typing import Sequence
 import numpy as np
 
 from checkmate.analysis.sweep_data import SweepResult, SweepRow
-from checkmate.errors import InvalidArgumentError
+from checkmate.errors import InvalidArgumentError, OutputPathError
 from checkmate.graph import Graph
+from checkmate.io import atomic_output
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 from checkmate.solvers.registry import STRATEGIES
 
-__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label"]
+__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "figure_format", "label"]
 
 # Display names and a stable colour/marker per strategy, so every figure reads the same way.
 _LABELS = {
@@ -86,16 +87,37 @@ def pyplot():
     return plt
 
 
-def save_figure(fig, path: str | os.PathLike, dpi: int) -> Path:
+def figure_format(path: str | os.PathLike) -> str:
+    """The image format that ``path``'s suffix names; :class:`OutputPathError` when matplotlib has none."""
+    pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    suffix = Path(path).suffix
+    supported = FigureCanvasBase.get_supported_filetypes()
+    if suffix[1:].lower() not in supported:
+        raise OutputPathError(f"cannot write a figure to {str(path)!r}: unknown image format {suffix or '(none)'!r}; "
+                              f"use one of {', '.join('.' + k for k in sorted(supported))}")
+    return suffix[1:].lower()
+
+
+def save_figure(fig, path: str | os.PathLike, dpi: int, image_format: str | None = None) -> Path:
+    """Write ``fig`` atomically (:mod:`checkmate.io`) in ``image_format``, by default the one that
+    ``path``'s suffix names."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi, bbox_inches="tight")
+    fmt = image_format or figure_format(path)
+    try:
+        with atomic_output(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=fmt)
+    except BaseException:
+        pyplot().close(fig)  # the caller closes it after a success only
+        raise
     return path
 
 
 # ------------------------------------------------------------------------------------ budget sweep
 def plot_budget_sweep(result: SweepResult | Sequence[SweepRow], path: str | os.PathLike, *,
-                      title: str | None = None, ax=None, dpi: int = 150) -> Path | None:
+                      title: str | None = None, ax=None, dpi: int = 150,
+                      image_format: str | None = None) -> Path | None:
     """Compute overhead (x of one plain step) against memory budget, one line per strategy.
 
     Budgets below the smallest feasible one are shaded: no strategy of the sweep fits there, and the
@@ -168,7 +190,7 @@ def plot_budget_sweep(result: SweepResult | Sequence[SweepRow], path: str | os.P
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best", framealpha=0.85)
     if own_figure:
-        out = save_figure(fig, path, dpi)
+        out = save_figure(fig, path, dpi, image_format)
         plt.close(fig)
         return out
     return None

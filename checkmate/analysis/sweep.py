@@ -27,8 +27,9 @@ from checkmate.analysis.executors import EXECUTORS, run_tasks
 from checkmate.analysis.plots import plot_budget_sweep
 from checkmate.analysis.sweep_data import CSV_COLUMNS, SweepResult, SweepRow
 from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
-from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, OutputPathError, SolverError
 from checkmate.graph import Graph, graph_from_dict
+from checkmate.io import StagedOutputs
 from checkmate.solvers import solve
 from checkmate.solvers.minimum_budget import sweep_frontier_budget
 from checkmate.solvers.registry import STRATEGIES, get_strategy
@@ -288,20 +289,36 @@ def _csv_value(value: Any) -> Any:
 
 def write_sweep(result: SweepResult, out_dir: str | os.PathLike, *, stem: str = "sweep", plot: bool = True,
                 title: str | None = None) -> dict[str, Path]:
-    """Write ``<stem>.csv``, ``<stem>.json`` (grid and metadata) and, with ``plot``, ``<stem>.png``."""
+    """Write ``<stem>.csv``, ``<stem>.json`` (grid and metadata) and, with ``plot``, ``<stem>.png``.
+
+    The files are staged beside their targets and renamed together once all are written
+    (:class:`checkmate.io.StagedOutputs`): a failure leaves every earlier file as it was.
+    """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise OutputPathError(f"cannot write the sweep into {str(out)!r}: it is not a directory")
     paths = {"csv": out / f"{stem}.csv", "json": out / f"{stem}.json"}
-    with open(paths["csv"], "w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(CSV_COLUMNS)
-        for row in result.rows:
-            writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
-    paths["json"].write_text(json.dumps(result.to_json_dict(), indent=1) + "\n")
-    if plot:
-        paths["png"] = out / f"{stem}.png"
-        plot_budget_sweep(result, paths["png"], title=title)
+
+    def write_csv(tmp: Path) -> None:
+        with open(tmp, "w", newline="") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(CSV_COLUMNS)
+            for row in result.rows:
+                writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
+
+    with StagedOutputs() as staged:
+        staged.stage(paths["csv"], write_csv)
+        staged.stage(paths["json"], lambda tmp: tmp.write_text(json.dumps(result.to_json_dict(), indent=1) + "\n"))
+        if plot:
+            paths["png"] = out / f"{stem}.png"
+            staged.stage(paths["png"], lambda tmp: _plot_into(result, tmp, title))
+        staged.commit()
     return paths
+
+
+def _plot_into(result: SweepResult, tmp: Path, title: str | None) -> None:
+    # the staged file has a .tmp suffix; the figure's format is that of its final name
+    plot_budget_sweep(result, tmp, title=title, image_format="png")
 
 
 def _parse_csv_field(name: str, text: str) -> Any:

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import tensorflow as tf
 
+from checkmate.io import atomic_write_json
 from checkmate.tf2 import _compat
 
 __all__ = ["flops_cost", "op_flops", "profile_nodes", "ProfileResult", "ProfileCache", "cache_dir",
@@ -186,11 +187,8 @@ class ProfileCache:
         except (OSError, ValueError, AttributeError):
             pass
         merged.update(self.entries)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"format": PROFILE_FORMAT, "device": self.device, "entries": merged},
-                                  indent=0, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        atomic_write_json(self.path, {"format": PROFILE_FORMAT, "device": self.device, "entries": merged},
+                          indent=0, sort_keys=True)
         self._dirty = False
 
 
