@@ -6,6 +6,7 @@ A percentage refers to the checkpoint-all peak (:func:`checkmate.bounds.checkpoi
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -16,7 +17,7 @@ from checkmate.errors import InvalidBudgetError
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["parse_budget", "format_bytes"]
+__all__ = ["parse_budget", "format_bytes", "MAX_BUDGET_BYTES"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -24,6 +25,11 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
 }
+# Graph sizes are validated below 2^63 bytes (docs/design.md §4), and solvers hold budgets in 64-bit
+# integers or doubles; a larger budget is a typo, not a machine.
+MAX_BUDGET_BYTES = 2**63
+_MAX_EXPONENT = 400          # |e| beyond this is out of range whatever the mantissa (digits are bounded too)
+_MAX_SHOWN_CHARS = 40
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
 
 
@@ -31,18 +37,24 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
     """Bytes from ``123``, ``"2GiB"``, ``"1.5GB"``, ``"512MiB"`` or ``"60%"`` (of checkpoint-all's peak)."""
     if isinstance(budget, bool):
         raise InvalidBudgetError(f"invalid budget {budget!r}")
-    if isinstance(budget, (int, float)) and not isinstance(budget, bool):
+    if isinstance(budget, numbers.Integral):
+        return _bounded(int(budget), budget)
+    if isinstance(budget, numbers.Real):
         value = float(budget)
         if not math.isfinite(value) or value <= 0:
             raise InvalidBudgetError(f"budget must be a positive number of bytes, got {budget!r}")
         if value < 1:
             raise _less_than_a_byte(budget, value)
-        return int(value)
+        return _bounded(int(value), budget)
     if not isinstance(budget, str):
         raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
     match = _BUDGET_RE.match(budget)
     if not match:
         raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
+    exponent = re.search(r"[eE]([+-]?[0-9]+)$", match.group(1))
+    if exponent and abs(int(exponent.group(1))) > _MAX_EXPONENT:
+        # an exact Fraction of 1e99999999 would take minutes and gigabytes to build
+        raise InvalidBudgetError(f"budget {_short(budget)} is out of range: budgets must be below 2^63 bytes")
     # Exact decimal arithmetic: in floating point "2.01GB" would come out one byte short.
     number, unit = Fraction(match.group(1)), match.group(2).lower()
     if number <= 0:
@@ -50,13 +62,28 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
     if unit == "%":
         if graph is None:
             raise InvalidBudgetError(f"a percentage budget ({budget}) needs a graph to refer to")
-        return math.floor(checkpoint_all_peak(graph) * number / 100)
+        # a percentage of a graph that needs no memory is 0 bytes, and that budget is met
+        return _bounded(math.floor(checkpoint_all_peak(graph) * number / 100), budget, zero_ok=True)
     if unit not in _UNITS:
         raise InvalidBudgetError(f"unknown unit {match.group(2)!r} in budget {budget!r} "
                                  "(use B, KB, MB, GB, KiB, MiB, GiB or %)")
     if number * _UNITS[unit] < 1:
         raise _less_than_a_byte(budget, number if unit == "" else None)
-    return math.floor(number * _UNITS[unit])
+    return _bounded(math.floor(number * _UNITS[unit]), budget)
+
+
+def _bounded(value: int, budget: Any, *, zero_ok: bool = False) -> int:
+    if value < 0 or (value == 0 and not zero_ok):
+        raise InvalidBudgetError(f"budget must be a positive number of bytes, got {_short(budget)}")
+    if value >= MAX_BUDGET_BYTES:
+        raise InvalidBudgetError(f"budget {_short(budget)} is too large: budgets must be below 2^63 bytes")
+    return value
+
+
+def _short(budget: Any) -> str:
+    """``repr(budget)``, cut short: an error message is one readable line."""
+    text = repr(budget)
+    return text if len(text) <= _MAX_SHOWN_CHARS else f"{text[:_MAX_SHOWN_CHARS]}... ({len(text)} characters)"
 
 
 def _less_than_a_byte(budget: Any, number: Any) -> InvalidBudgetError:

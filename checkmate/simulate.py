@@ -20,17 +20,18 @@ peak without trusting how the plan was made.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from checkmate.errors import InvalidScheduleError
+from checkmate.errors import InvalidArgumentError, InvalidScheduleError
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["simulate", "walk", "replay_plan", "SimulationResult", "TimelineStep", "PlanReplay",
+__all__ = ["check_graph", "simulate", "walk", "replay_plan", "SimulationResult", "TimelineStep", "PlanReplay",
            "validate_schedule", "peak_memory_bytes", "Matrices"]
 
 
@@ -213,8 +214,29 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     return int(graph.fixed_mem) + (int(during.max()) if during.size else 0)
 
 
+def check_graph(graph: Any) -> None:
+    """Raise :class:`InvalidArgumentError` unless ``graph`` is a :class:`~checkmate.graph.Graph`."""
+    from checkmate.graph import Graph
+
+    if not isinstance(graph, Graph):
+        hint = "; load a graph file with checkmate.load_graph" if isinstance(graph, (str, os.PathLike)) else ""
+        raise InvalidArgumentError(f"expected a checkmate Graph, got {type(graph).__name__}{hint}")
+
+
+def _check_matrices(graph: "Graph", schedule: Any) -> None:
+    try:
+        shapes = {np.shape(schedule.recompute), np.shape(schedule.retain)}
+    except AttributeError:
+        raise InvalidArgumentError(f"expected a Schedule (R and S matrices), got {type(schedule).__name__}") from None
+    if shapes != {(graph.n, graph.n)}:
+        raise InvalidScheduleError(f"the schedule's matrices have shapes {sorted(shapes)}; the graph has {graph.n} "
+                                   "nodes")
+
+
 def simulate(graph: "Graph", schedule: Matrices) -> SimulationResult:
     """Replay ``schedule`` on ``graph``: peak bytes, compute cost, timeline and rule violations."""
+    check_graph(graph)
+    _check_matrices(graph, schedule)
     timeline: list[TimelineStep] = []
     violations: list[str] = []
     cost = 0.0
@@ -251,6 +273,9 @@ def replay_plan(graph: "Graph", plan: Sequence[tuple[str, int]]) -> PlanReplay:
     computed again, a free names a value not resident, a node is never computed or an output is
     freed. Memory while an op runs counts its own output (allocated before the op starts).
     """
+    check_graph(graph)
+    if plan is None or isinstance(plan, (str, bytes)) or not isinstance(plan, Iterable):
+        raise InvalidScheduleError(f"a plan is a list of [action, node] pairs, got {type(plan).__name__}")
     resident: set[int] = set()
     current = int(graph.fixed_mem)
     peak = current

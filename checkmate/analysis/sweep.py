@@ -236,7 +236,7 @@ def _finish_rows(graph: Graph, raw: list[dict]) -> list[SweepRow]:
         rows.append(SweepRow(
             graph=graph.name, strategy=row["strategy"], budget_bytes=int(row["budget_bytes"]),
             feasible=row["feasible"], compute_cost=cost, baseline_cost=total,
-            overhead=(cost / total) if (cost is not None and total > 0) else None,
+            overhead=None if cost is None else (cost / total if total > 0 else 1.0),  # as SolveResult.overhead
             peak_memory_bytes=row["peak_memory_bytes"], lower_bound=own, best_lower_bound=bound, gap=gap,
             solve_seconds=row["solve_seconds"], optimal=bool(row["optimal"]), status=str(row["status"]),
             solver=row.get("solver"), min_feasible_budget_bytes=row.get("min_feasible_budget_bytes")))

@@ -158,10 +158,10 @@ def _flush_c_stdio() -> None:
 def exit_code_for(exc: BaseException) -> int:
     if isinstance(exc, InfeasibleBudgetError):
         return EXIT_INFEASIBLE
-    if isinstance(exc, SolverError):
+    if isinstance(exc, (SolverError, MemoryError)):
         return EXIT_SOLVER
     # every other checkmate error is about the input (graph, schedule, argument, unsupported op)
-    if isinstance(exc, (CheckmateError, FileNotFoundError, IsADirectoryError, PermissionError)):
+    if isinstance(exc, (CheckmateError, OSError)):  # OSError: a file or path the user named
         return EXIT_BAD_INPUT
     return EXIT_INTERNAL
 
@@ -173,8 +173,11 @@ def describe_error(exc: BaseException) -> str:
         if exc.min_feasible_budget_bytes is not None and "minimum feasible budget" not in text:
             text += f"; minimum feasible budget: {exc.min_feasible_budget_bytes} bytes"
         return f"infeasible budget: {text}"
-    if isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError)):
-        return f"{exc.strerror}: {exc.filename}"
+    if isinstance(exc, MemoryError):
+        return ("out of memory: the problem is too large for this machine's memory; try a larger budget, "
+                "a time limit, or --strategy hierarchical")
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
     if isinstance(exc, SolverError):
         return f"solver failed: {exc}"
     if isinstance(exc, CheckmateError):

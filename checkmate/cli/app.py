@@ -40,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # TensorFlow's C++ INFO/WARNING logs would bury the command's own one-line messages; a user who
     # wants them can set the variable explicitly.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    _reopen_closed_stdout()
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
@@ -61,8 +62,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_INTERNAL
+    except MemoryError as exc:
+        # the memory a solver held is released as the traceback unwinds; the report needs little
+        print(f"checkmate: {describe_error(exc)}", file=sys.stderr)
+        return exit_code_for(exc)
     except Exception as exc:  # one line per error; CHECKMATE_DEBUG=1 shows the traceback
         if os.environ.get("CHECKMATE_DEBUG"):
             raise
         print(f"checkmate: {describe_error(exc)}", file=sys.stderr)
         return exit_code_for(exc)
+
+
+def _reopen_closed_stdout() -> None:
+    """A command started with stdout closed (``checkmate ... >&-``) still runs and writes its output
+    files; what it would print is discarded. Without this, Python has ``sys.stdout = None`` and the
+    solver libraries' writes to fd 1 would land in whatever file is opened next as fd 1."""
+    try:
+        os.fstat(1)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        if fd != 1:
+            os.dup2(fd, 1)
+            os.close(fd)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115 (lives as long as the process)

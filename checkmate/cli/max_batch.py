@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from checkmate.cli._common import EXIT_OK, command, positive_float, shape, strategy_list
+from checkmate.cli._common import EXIT_INFEASIBLE, EXIT_OK, command, positive_float, shape, strategy_list
 from checkmate.errors import InvalidArgumentError
 
 __all__ = ["add_parser", "run"]
@@ -43,9 +43,10 @@ def run(args: argparse.Namespace) -> int:
     time_limit = args.time_limit if args.time_limit is not None else DEFAULT_PROBE_TIME_LIMIT_S
     results = search_model(args.model, memory_bytes, strategies, input_shape=args.input_shape,
                            time_limit_s=time_limit, progress=sys.stderr.isatty(), mip_gap=PROBE_MIP_GAP)
+    fits = any(r.max_batch_size > 0 for r in results)
     if args.json:
         print(json.dumps([r.to_json_dict() for r in results]))
-        return EXIT_OK
+        return EXIT_OK if fits else _nothing_fits(memory_bytes, results)
     print(f"model {args.model}: memory limit {format_bytes(memory_bytes)}; at most one extra forward pass")
     base = next((r.max_batch_size for r in results if r.strategy == "checkpoint_all"), None)
     width = max(len(r.strategy) for r in results)
@@ -59,4 +60,11 @@ def run(args: argparse.Namespace) -> int:
         elif r.measured:
             detail += f"; {r.measured.get('status')}"
         print(f"  {r.strategy:<{width}}  max batch {r.max_batch_size:>6}{rel}{detail}")
-    return EXIT_OK
+    return EXIT_OK if fits else _nothing_fits(memory_bytes, results)
+
+
+def _nothing_fits(memory_bytes: int, results) -> int:
+    """Not even batch size 1 fits with any strategy: the infeasible-budget exit, with its one line."""
+    print(f"checkmate: infeasible budget: no strategy ({', '.join(r.strategy for r in results)}) fits batch size 1 "
+          f"in {memory_bytes} bytes", file=sys.stderr)
+    return EXIT_INFEASIBLE

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from checkmate.bounds import checkpoint_all_peak
 from checkmate.budgets import format_bytes, parse_budget
-from checkmate.errors import InfeasibleBudgetError, SolverError
-from checkmate.simulate import validate_schedule
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
+from checkmate.simulate import check_graph, validate_schedule
 from checkmate.solvers.registry import STRATEGIES, check_solver_name, get_strategy, make_options, strategy_names
 from checkmate.solvers.types import (DEFAULT_TIME_LIMIT_S, MilpOptions, SolveOptions, StrategyKind, StrategyOutput,
                                      StrategySpec)
@@ -53,8 +53,10 @@ class SolveResult:
 
     @property
     def overhead(self) -> float | None:
-        if self.compute_cost is None or self.baseline_cost <= 0:
+        if self.compute_cost is None:
             return None
+        if self.baseline_cost <= 0:
+            return 1.0  # a graph whose ops cost nothing: recomputing them adds nothing either
         return self.compute_cost / self.baseline_cost
 
     @property
@@ -100,6 +102,9 @@ def solve(graph: "Graph", budget: Any, strategy: str = "auto", solver: str | Non
     Raises :class:`InfeasibleBudgetError` (with the strategy's minimum feasible budget) when nothing
     fits, :class:`SolverError` when a solver fails, :class:`InvalidBudgetError` for a bad budget.
     """
+    check_graph(graph)
+    if not isinstance(strategy, str):
+        raise InvalidArgumentError(f"strategy must be a name, got {type(strategy).__name__}")
     spec = get_strategy(strategy)
     check_solver_name(solver)
     budget_bytes = parse_budget(budget, graph)

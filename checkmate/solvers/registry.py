@@ -6,6 +6,8 @@ baseline never loads the MILP's solvers.
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any
 
 from checkmate.errors import InvalidArgumentError
@@ -93,7 +95,23 @@ def make_options(solver: str | None = None, time_limit_s: float | None = None, *
         raise InvalidArgumentError(
             f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; valid options: "
             f"solver, time_limit_s, {', '.join(shared)}; for the MILP and LP strategies: {', '.join(milp)}")
+    _check_positive_finite("time_limit_s", time_limit_s, allow_none=True)
+    if "mip_gap" in options:
+        gap = options["mip_gap"]
+        if isinstance(gap, bool) or not isinstance(gap, numbers.Real) or not 0 <= float(gap) < 1:
+            raise InvalidArgumentError(f"mip_gap must be a number in [0, 1), got {gap!r}")
+    threads = options.get("threads")
+    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads <= 0):
+        raise InvalidArgumentError(f"threads must be a positive integer or None, got {threads!r}")
     milp_options = MilpOptions(**{k: v for k, v in options.items() if k in milp})
     return SolveOptions(solver=solver, time_limit_s=time_limit_s, milp=milp_options,
                         **{k: v for k, v in options.items() if k in shared})
 
+
+
+def _check_positive_finite(name: str, value: Any, *, allow_none: bool) -> None:
+    if value is None and allow_none:
+        return
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value))
+            or float(value) <= 0):
+        raise InvalidArgumentError(f"{name} must be a positive, finite number of seconds, got {value!r}")
