@@ -13,13 +13,14 @@ budget: no strategy is trusted on its own word.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from checkmate.bounds import checkpoint_all_peak
 from checkmate.budgets import format_bytes, parse_budget
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.simulate import check_graph, validate_schedule
+from checkmate.solvers.model_size import MODEL_STRATEGIES, model_fits
 from checkmate.solvers.registry import STRATEGIES, check_solver_name, get_strategy, make_options, strategy_names
 from checkmate.solvers.types import (DEFAULT_TIME_LIMIT_S, MilpOptions, SolveOptions, StrategyKind, StrategyOutput,
                                      StrategySpec)
@@ -34,6 +35,24 @@ __all__ = ["solve", "SolveResult", "SolveOptions", "MilpOptions", "StrategyOutpu
 
 
 # ------------------------------------------------------------------------------------------ solve
+def _run_bounded(spec: StrategySpec, graph: "Graph", budget_bytes: int, opts: SolveOptions) -> StrategyOutput:
+    """Run the strategy, unless its flat model cannot be built within the memory or time available
+    (:mod:`checkmate.solvers.model_size`): then the MILP hands the graph to the hierarchical strategy,
+    whose models are per segment, and the LP strategies fail with a :class:`SolverError`."""
+    why = model_fits(graph, opts.time_limit_s) if spec.name in MODEL_STRATEGIES else None
+    if why is None:
+        try:
+            return spec.fn(graph, budget_bytes, opts)
+        except MemoryError:
+            # what the estimate missed; the model's arrays are released as this unwinds
+            raise SolverError(f"{spec.name} ran out of memory on a graph of {graph.n} nodes; try "
+                              "strategy 'hierarchical' or a machine with more memory") from None
+    if spec.name != "checkmate_milp":
+        raise SolverError(f"{spec.name}: {why}; use --strategy hierarchical (or strategy='hierarchical')")
+    out = STRATEGIES["hierarchical"].fn(graph, budget_bytes, opts)
+    return replace(out, status=f"hierarchical, since {why}: {out.status}")
+
+
 @dataclass(frozen=True)
 class SolveResult:
     graph: str
@@ -112,7 +131,7 @@ def solve(graph: "Graph", budget: Any, strategy: str = "auto", solver: str | Non
         time_limit_s = DEFAULT_TIME_LIMIT_S
     opts = make_options(solver, time_limit_s, **options)
     start = time.perf_counter()
-    out = spec.fn(graph, budget_bytes, opts)
+    out = _run_bounded(spec, graph, budget_bytes, opts)
     seconds = time.perf_counter() - start
     if out.schedule is None:
         return SolveResult(graph.name, graph.n, strategy, out.solver, budget_bytes, None, None,
