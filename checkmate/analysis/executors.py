@@ -8,15 +8,17 @@ callers can drive a progress bar; :func:`run_tasks` returns them in task order.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Sequence
 
 from checkmate.errors import BackendUnavailableError, InvalidArgumentError
 
-__all__ = ["EXECUTORS", "run_tasks", "iter_tasks", "default_workers"]
+__all__ = ["EXECUTORS", "run_tasks", "iter_tasks", "default_workers", "terminate_descendants"]
 
 EXECUTORS = ("process", "ray", "serial")
 
@@ -36,6 +38,9 @@ def default_workers() -> int:
 def _init_worker(shared: Any) -> None:
     global _WORKER_SHARED
     _WORKER_SHARED = shared
+    # Ctrl-C at a terminal reaches the whole process group; the parent decides what stops and ends the
+    # workers itself, so a worker must neither die mid-task with a traceback nor outlive the parent.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _call_in_worker(fn: TaskFn, task: Any) -> Any:
@@ -72,18 +77,28 @@ def iter_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor
 
 
 def _iter_process(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
-    with ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_init_worker,
-                             initargs=(shared,)) as pool:
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_init_worker,
+                               initargs=(shared,))
+    finished = False
+    try:
         pending = {pool.submit(_call_in_worker, fn, task): index for index, task in enumerate(tasks)}
-        try:
-            while pending:
-                done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    index = pending.pop(future)
-                    yield index, future.result()
-        finally:
-            for future in pending:
-                future.cancel()
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                index = pending.pop(future)
+                yield index, future.result()
+        finished = True
+    finally:
+        if finished:
+            pool.shutdown(wait=True)
+        else:
+            # Interrupted, failed, or abandoned by the caller: a running solve may take minutes to
+            # reach its time limit, so the workers are ended rather than waited for.
+            workers_now = list((getattr(pool, "_processes", None) or {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for process in workers_now:
+                with contextlib.suppress(Exception):
+                    process.kill()
 
 
 def _ray_call(fn: TaskFn, shared: Any, task: Any) -> Any:
@@ -120,9 +135,14 @@ def _iter_ray(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> It
 
 
 def run_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor: str = "process",
-              workers: int | None = None, progress: bool = False, desc: str = "solving") -> list[Any]:
-    """Apply ``fn(shared, task)`` to every task; results in task order. ``progress`` shows a tqdm bar."""
-    results: list[Any] = [None] * len(tasks)
+              workers: int | None = None, progress: bool = False, desc: str = "solving",
+              into: list[Any] | None = None) -> list[Any]:
+    """Apply ``fn(shared, task)`` to every task; results in task order. ``progress`` shows a tqdm bar.
+
+    ``into``, a list of ``len(tasks)`` Nones, receives each result as it arrives, so that a caller
+    interrupted meanwhile (``KeyboardInterrupt``) still has the results that were complete.
+    """
+    results: list[Any] = [None] * len(tasks) if into is None else into
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -137,3 +157,38 @@ def run_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor:
         if bar is not None:
             bar.close()
     return results
+
+
+def terminate_descendants() -> None:
+    """Kill every process started under this one (pool workers, a forkserver, a local Ray), found
+    through /proc: used when the command is interrupted and must not leave solves running."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            ppid = int(stat[stat.rindex(")") + 2:].split()[1])  # the command name may contain spaces
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    # multiprocessing's resource tracker cleans up shared memory when this process exits; killed, it
+    # would be relaunched at exit and complain about what its predecessor had recorded
+    from multiprocessing import resource_tracker
+
+    keep = {getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)}
+    stack, found = [os.getpid()], []
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child in keep:
+                continue
+            found.append(child)
+            stack.append(child)
+    for pid in found:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)

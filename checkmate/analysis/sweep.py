@@ -37,7 +37,7 @@ from checkmate.solvers.registry import STRATEGIES, get_strategy
 __all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "sweep_frontier_budget", "minimum_feasible_budget",
            "trivial_budget_bound",
            "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "load_sweep_json",
-           "check_consistency", "CSV_COLUMNS"]
+           "check_consistency", "CSV_COLUMNS", "SweepInterrupted", "write_sweep_rows"]
 
 # Strategies a sweep runs when none are named: the paper's baselines and Checkmate's own two.
 _DEFAULT_ORDER = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn", "checkmate_lp_rounding",
@@ -172,7 +172,7 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     if not explicit:
         probe_tasks += [task(s, trivial) for s in aware if not _is_bound_only(s)]
     probe_rows = run_tasks(_solve_task, probe_tasks, shared=payload, executor=executor, workers=workers,
-                           progress=progress, desc=f"{graph.name}: frontier")
+                           progress=progress, desc=f"{graph.name}: frontier")  # interrupted here: no row yet
     probes = {t.strategy: row for t, row in zip(probe_tasks, probe_rows)}
 
     if explicit:
@@ -187,21 +187,38 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     known = {(t.strategy, t.budget_bytes): row for t, row in zip(probe_tasks, probe_rows)
              if t.budget_bytes != unlimited}
     solve_tasks = [task(s, b) for s in aware for b in grid if (s, b) not in known]
-    solved = run_tasks(_solve_task, solve_tasks, shared=payload, executor=executor, workers=workers,
-                       progress=progress, desc=f"{graph.name}: sweep")
+    solved: list[Any] = [None] * len(solve_tasks)
+    try:
+        run_tasks(_solve_task, solve_tasks, shared=payload, executor=executor, workers=workers,
+                  progress=progress, desc=f"{graph.name}: sweep", into=solved)
+    except KeyboardInterrupt:
+        known.update({(t.strategy, t.budget_bytes): row for t, row in zip(solve_tasks, solved) if row is not None})
+        raise SweepInterrupted(_finish_rows(graph, _grid_rows(names, grid, unaware, probes, known))) from None
     known.update({(t.strategy, t.budget_bytes): row for t, row in zip(solve_tasks, solved)})
+    rows = _finish_rows(graph, _grid_rows(names, grid, unaware, probes, known))
+    return SweepResult(graph.name, graph.n, grid, names, rows, peak_all, low, trivial, graph.total_cost,
+                       time.perf_counter() - start,
+                       {"executor": executor, "solver": solver, "time_limit_s": time_limit_s, "mip_gap": mip_gap})
 
+
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by Ctrl-C; ``rows`` are the grid cells whose solve had finished, complete."""
+
+    def __init__(self, rows: list[SweepRow]):
+        super().__init__(f"sweep interrupted after {len(rows)} complete rows")
+        self.rows = rows
+
+
+def _grid_rows(names, grid, unaware, probes, known) -> list[dict]:
+    """The raw rows of the grid, strategy by strategy, leaving out cells not solved (yet)."""
     raw: list[dict] = []
     for name in names:
         for b in grid:
             if name in unaware:
                 raw.append(_unaware_row(probes[name], b))
-            else:
+            elif (name, b) in known:
                 raw.append(known[(name, b)])
-    rows = _finish_rows(graph, raw)
-    return SweepResult(graph.name, graph.n, grid, names, rows, peak_all, low, trivial, graph.total_cost,
-                       time.perf_counter() - start,
-                       {"executor": executor, "solver": solver, "time_limit_s": time_limit_s, "mip_gap": mip_gap})
+    return raw
 
 
 def _unaware_row(probe: dict, budget: int) -> dict:
@@ -299,21 +316,30 @@ def write_sweep(result: SweepResult, out_dir: str | os.PathLike, *, stem: str = 
         raise OutputPathError(f"cannot write the sweep into {str(out)!r}: it is not a directory")
     paths = {"csv": out / f"{stem}.csv", "json": out / f"{stem}.json"}
 
-    def write_csv(tmp: Path) -> None:
-        with open(tmp, "w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(CSV_COLUMNS)
-            for row in result.rows:
-                writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
-
     with StagedOutputs() as staged:
-        staged.stage(paths["csv"], write_csv)
+        staged.stage(paths["csv"], lambda tmp: _write_csv(result.rows, tmp))
         staged.stage(paths["json"], lambda tmp: tmp.write_text(json.dumps(result.to_json_dict(), indent=1) + "\n"))
         if plot:
             paths["png"] = out / f"{stem}.png"
             staged.stage(paths["png"], lambda tmp: _plot_into(result, tmp, title))
         staged.commit()
     return paths
+
+
+def _write_csv(rows: Sequence[SweepRow], path: Path) -> None:
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_COLUMNS)
+        for row in rows:
+            writer.writerow([_csv_value(getattr(row, c)) for c in CSV_COLUMNS])
+
+
+def write_sweep_rows(rows: Sequence[SweepRow], path: str | os.PathLike) -> Path:
+    """Write ``rows`` as a sweep CSV at ``path``, atomically (the partial result of an interrupted sweep)."""
+    with StagedOutputs() as staged:
+        staged.stage(path, lambda tmp: _write_csv(rows, tmp))
+        staged.commit()
+    return Path(path)
 
 
 def _plot_into(result: SweepResult, tmp: Path, title: str | None) -> None:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
+import time
 from typing import Sequence
 
 from checkmate.cli import compile as compile_command
@@ -51,10 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return EXIT_BAD_INPUT
+    watch = _InterruptWatch.start()
     try:
         return int(args.handler(args) or EXIT_OK)
-    except KeyboardInterrupt:
-        print("checkmate: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        if watch is not None and not watch.claim():
+            _wait_forever()  # the watch is already ending the process with its own line
+        _end_workers()
+        print(f"checkmate: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         # the reader of stdout went away (``checkmate ... | head``): nothing more can be shown there,
@@ -71,6 +78,91 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"checkmate: {describe_error(exc)}", file=sys.stderr)
         return exit_code_for(exc)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+# How long Ctrl-C may take to unwind through Python before the process is ended from outside: a solver
+# running in native code (HiGHS, TensorFlow) sees KeyboardInterrupt only when it returns, which may be
+# minutes later; the unwinding itself (writing a sweep's finished rows) takes well under a second.
+INTERRUPT_GRACE_S = 2.0
+
+
+class _InterruptWatch:
+    """Ends the process within :data:`INTERRUPT_GRACE_S` of a Ctrl-C that Python cannot act on.
+
+    Python's SIGINT handler only raises ``KeyboardInterrupt`` when the main thread next runs Python
+    code. The C-level handler also writes the signal number to a wakeup file descriptor at once; a
+    thread waiting on it gives the main thread the grace period, then kills the worker processes,
+    prints the one line and exits with 130. Whoever claims the interrupt first reports it.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int, previous: int):
+        self._read_fd, self._write_fd, self._previous = read_fd, write_fd, previous
+        self._lock = threading.Lock()
+        self._claimed = False
+        self._stopped = False
+
+    @classmethod
+    def start(cls) -> "_InterruptWatch | None":
+        if threading.current_thread() is not threading.main_thread():
+            return None  # signals reach the main thread only; an embedding caller handles them
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(write_fd, False)
+        try:
+            previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+        except ValueError:
+            os.close(read_fd)
+            os.close(write_fd)
+            return None
+        watch = cls(read_fd, write_fd, previous)
+        threading.Thread(target=watch._run, name="checkmate-interrupt", daemon=True).start()
+        return watch
+
+    def claim(self) -> bool:
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    def _run(self) -> None:
+        try:
+            while True:
+                data = os.read(self._read_fd, 64)
+                if self._stopped or not data:
+                    return
+                if signal.SIGINT in data:
+                    break
+            time.sleep(INTERRUPT_GRACE_S)
+            if self._stopped or not self.claim():
+                return
+            _end_workers()
+            os.write(2, b"checkmate: interrupted\n")
+            os._exit(EXIT_INTERRUPTED)
+        finally:
+            if self._stopped:
+                os.close(self._read_fd)
+
+    def stop(self) -> None:
+        self._stopped = True
+        with contextlib.suppress(ValueError):
+            signal.set_wakeup_fd(self._previous)
+        with contextlib.suppress(OSError):
+            os.write(self._write_fd, b"\0")  # wake the thread so that it can leave
+        os.close(self._write_fd)
+
+
+def _end_workers() -> None:
+    from checkmate.analysis.executors import terminate_descendants
+
+    terminate_descendants()
+
+
+def _wait_forever() -> None:
+    while True:
+        time.sleep(INTERRUPT_GRACE_S)
 
 
 def _reopen_closed_stdout() -> None:

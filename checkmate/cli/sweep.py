@@ -9,11 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from checkmate.cli._common import EXIT_OK, command, positive_float, positive_int, shape, strategy_list
 from checkmate.errors import InvalidArgumentError
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "run", "PARTIAL_CSV"]
+
+# Where an interrupted sweep keeps the rows it finished (sweep.csv stays the last complete sweep's).
+PARTIAL_CSV = "sweep.partial.csv"
 
 
 def add_parser(sub) -> None:
@@ -55,14 +59,27 @@ def _graph_from_args(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from checkmate.analysis.sweep import sweep, write_sweep
+    from checkmate.analysis.sweep import SweepInterrupted, sweep, write_sweep, write_sweep_rows
+    from checkmate.io import output_target
     from checkmate.solvers import format_bytes
     from checkmate.solvers.registry import STRATEGIES
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InvalidArgumentError(f"--out {args.out!r} is not a directory")
+    for name in ("sweep.csv", "sweep.json", "sweep.png"):
+        output_target(out / name)  # refuse unwritable targets before the solves, not after
     graph = _graph_from_args(args)
-    result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
-                   time_limit_s=args.time_limit, executor=args.executor, workers=args.workers,
-                   progress=sys.stderr.isatty() or bool(os.environ.get("CHECKMATE_PROGRESS")))
+    try:
+        result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
+                       time_limit_s=args.time_limit, executor=args.executor, workers=args.workers,
+                       progress=sys.stderr.isatty() or bool(os.environ.get("CHECKMATE_PROGRESS")))
+    except SweepInterrupted as exc:
+        # the finished solves are kept, apart from the complete sweep files of an earlier run
+        if not exc.rows:
+            raise KeyboardInterrupt() from None
+        partial = write_sweep_rows(exc.rows, out / PARTIAL_CSV)
+        raise KeyboardInterrupt(f"{len(exc.rows)} complete rows written to {partial}") from None
     paths = write_sweep(result, args.out)
     print(f"graph {graph.name}: {graph.n} nodes; budgets {format_bytes(result.budgets[0])} .. "
           f"{format_bytes(result.budgets[-1])} ({len(result.budgets)} points); "

@@ -1,0 +1,369 @@
+"""Reliability of the command line and the API under malformed input: exit codes, one-line messages,
+outputs that are never clobbered, bounded memory on large graphs and a prompt Ctrl-C.
+
+The CLI runs in-process (``checkmate.cli.main``) except where a real process is the point: the
+address-space limit and the interrupt.
+"""
+
+import csv
+import json
+import math
+import os
+import resource
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import checkmate
+from cases import unet_like
+from checkmate.analysis.sweep_data import CSV_COLUMNS
+from checkmate.cli import main
+from checkmate.errors import CheckmateError
+from checkmate.graph import save_graph
+from checkmate.synthetic import chain, resnet
+
+EARLIER = '{"earlier": true}\n'
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                       HealthCheck.function_scoped_fixture])
+
+
+def run_main(capsys, *args):
+    code = main([str(a) for a in args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def assert_one_line_error(code, err):
+    assert code in (2, 3, 4), (code, err)
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("checkmate"), err
+    assert "internal error" not in err and "Traceback" not in err, err
+
+
+def assert_no_temp_files(directory):
+    assert not [p for p in Path(directory).rglob(".*.tmp")], list(Path(directory).iterdir())
+
+
+# ------------------------------------------------------------------------------------ generators
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                      st.text(max_size=5))
+json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                             st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+                          max_leaves=12)
+
+
+@st.composite
+def malformed_graph_docs(draw):
+    """Graph documents that are mostly right, with one or more fields broken."""
+    n = draw(st.integers(0, 6))
+    nodes = [{"id": i, "name": f"n{i}", "cost": draw(st.sampled_from([0, 1.0, 2.5])), "mem": 8,
+              "backward": i >= n // 2} for i in range(n)]
+    edges = [[i, i + 1] for i in range(n - 1)]
+    doc = {"format": "checkmate-graph/1", "name": "fuzz", "nodes": nodes, "edges": edges}
+    for _ in range(draw(st.integers(0, 3))):
+        where = draw(st.sampled_from(["node", "edge", "top"]))
+        if where == "node" and nodes:
+            node = draw(st.sampled_from(nodes))
+            node[draw(st.sampled_from(["id", "cost", "mem", "backward", "name", "output"]))] = draw(json_value)
+        elif where == "edge":
+            edges.append(draw(st.one_of(json_value, st.lists(st.integers(-2, n + 2), min_size=2, max_size=2))))
+        else:
+            doc[draw(st.sampled_from(["nodes", "edges", "fixed_mem", "format", "name"]))] = draw(json_value)
+    return doc
+
+
+budget_texts = st.one_of(st.text(max_size=12), st.from_regex(r"-?[0-9]{0,25}(\.[0-9]{0,4})?(e-?[0-9]{1,6})?"
+                                                             r"(B|KB|GiB|%|kb|x)?", fullmatch=True))
+
+
+# ------------------------------------------------------------------------------------ fuzzed inputs
+@FUZZ
+@given(doc=st.one_of(malformed_graph_docs(), json_value))
+def test_malformed_graphs_exit_cleanly_and_keep_earlier_output(capsys, doc):
+    with tempfile.TemporaryDirectory() as d:
+        graph_path, out = Path(d) / "g.json", Path(d) / "s.json"
+        graph_path.write_text(json.dumps(doc))
+        out.write_text(EARLIER)
+        code, _, err = run_main(capsys, "solve", graph_path, "--budget", "90%", "--strategy", "chen_sqrtn",
+                                "--out", out)
+        if code != 0:
+            assert_one_line_error(code, err)
+            assert out.read_text() == EARLIER
+        assert_no_temp_files(d)
+
+
+@FUZZ
+@given(raw=st.binary(max_size=64))
+def test_undecodable_files_are_bad_input(capsys, raw):
+    with tempfile.TemporaryDirectory() as d:
+        g = Path(d) / "g.json"
+        save_graph(chain(3), g)
+        sched = Path(d) / "s.json"
+        sched.write_bytes(b'{"format": "checkmate-schedule/1", "plan": "' + raw + b'"}')
+        code, _, err = run_main(capsys, "plot", sched, "--graph", g, "--out", Path(d) / "p.png")
+        assert_one_line_error(code, err)
+        (Path(d) / "g2.json").write_bytes(raw + "é".encode("latin-1"))
+        code, _, err = run_main(capsys, "solve", Path(d) / "g2.json", "--budget", "1GiB")
+        assert_one_line_error(code, err)
+
+
+@FUZZ
+@given(text=budget_texts)
+def test_any_budget_text_is_one_line_or_a_result(capsys, tmp_path, text):
+    path = tmp_path / "g.json"
+    if not path.exists():
+        save_graph(unet_like(), path)
+    code, out, err = run_main(capsys, "solve", path, f"--budget={text}", "--strategy", "chen_sqrtn", "--json")
+    if code == 0:
+        assert json.loads(out)["feasible"] is True
+    else:
+        assert_one_line_error(code, err)
+
+
+@st.composite
+def mutated_plans(draw, plan, n):
+    plan = [list(step) for step in plan]
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["insert", "delete", "swap", "rename"]))
+        k = draw(st.integers(0, max(len(plan) - 1, 0)))
+        if kind == "insert":
+            plan.insert(k, [draw(st.sampled_from(["compute", "free", "load", ""])), draw(st.integers(-1, n + 1))])
+        elif kind == "delete" and plan:
+            plan.pop(k)
+        elif kind == "swap" and len(plan) > 1:
+            j = draw(st.integers(0, len(plan) - 1))
+            plan[k], plan[j] = plan[j], plan[k]
+        elif plan:
+            plan[k] = [plan[k][0], draw(st.integers(-1, n + 1))]
+    return plan
+
+
+def _solved_schedule(tmp: Path):
+    g = chain(4)
+    save_graph(g, tmp / "g.json")
+    r = checkmate.solve(g, "100%", strategy="chen_sqrtn")
+    checkmate.save_schedule(r.schedule, tmp / "s.json")
+    return g, json.loads((tmp / "s.json").read_text())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_plot_replays_the_plan_and_checks_node_ids(capsys, data):
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        g, doc = _solved_schedule(tmp)
+        plan = data.draw(mutated_plans(doc["plan"], g.n))
+        ids = data.draw(st.one_of(st.just(doc["node_ids"]), st.permutations(doc["node_ids"]).map(list)))
+        (tmp / "bad.json").write_text(json.dumps({**doc, "plan": plan, "node_ids": ids}))
+        out = tmp / "p.png"
+        out.write_text(EARLIER)
+        code, _, err = run_main(capsys, "plot", tmp / "bad.json", "--graph", tmp / "g.json", "--out", out)
+        try:
+            replay = checkmate.replay_plan(g, [tuple(step) for step in plan])
+        except CheckmateError:
+            replay = None
+        if replay is None or ids != doc["node_ids"]:
+            assert_one_line_error(code, err)
+            assert code == 2
+            assert out.read_text() == EARLIER
+        assert_no_temp_files(d)
+
+
+# ------------------------------------------------------------------------------------ output paths
+def test_outputs_follow_symlinks_and_refuse_what_they_would_destroy(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    target = tmp_path / "target.json"
+    target.write_text(EARLIER)
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    assert run_main(capsys, "solve", g, "--budget", "90%", "--strategy", "chen_sqrtn", "--out", link)[0] == 0
+    assert link.is_symlink() and json.loads(target.read_text())["format"] == "checkmate-schedule/1"
+
+    readonly = tmp_path / "ro.json"
+    readonly.write_text(EARLIER)
+    readonly.chmod(0o444)
+    plain = tmp_path / "plain"
+    plain.write_text(EARLIER)
+    directory = tmp_path / "dir.json"
+    directory.mkdir()
+    for out in (readonly, directory, plain / "under.json", "/dev/null"):
+        code, _, err = run_main(capsys, "solve", g, "--budget", "90%", "--strategy", "chen_sqrtn", "--out", out)
+        assert_one_line_error(code, err)
+        assert code == 2
+    assert readonly.read_text() == EARLIER and stat.S_IMODE(readonly.stat().st_mode) == 0o444
+    assert plain.read_text() == EARLIER and directory.is_dir() and not list(directory.iterdir())
+    code, _, err = run_main(capsys, "plot", target, "--graph", g, "--out", tmp_path / "x.xyz")
+    assert_one_line_error(code, err)
+    assert_no_temp_files(tmp_path)
+
+
+def test_replacing_a_file_keeps_its_permissions(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    out = tmp_path / "s.json"
+    out.write_text(EARLIER)
+    out.chmod(0o640)
+    assert run_main(capsys, "solve", g, "--budget", "90%", "--strategy", "chen_sqrtn", "--out", out)[0] == 0
+    assert stat.S_IMODE(out.stat().st_mode) == 0o640
+
+
+def test_a_failed_sweep_keeps_the_earlier_sweep(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep.csv").write_text("earlier csv\n")
+    (out / "sweep.png").mkdir()  # an output that cannot be written
+    code, _, err = run_main(capsys, "sweep", g, "--out", out, "--strategies", "chen_sqrtn", "--budgets", "3",
+                            "--executor", "serial")
+    assert_one_line_error(code, err)
+    assert (out / "sweep.csv").read_text() == "earlier csv\n" and not (out / "sweep.json").exists()
+    assert_no_temp_files(tmp_path)
+
+
+# ------------------------------------------------------------------------------------ wrong answers
+def _zero_cost_graph_file(tmp_path) -> Path:
+    nodes = [{"id": i, "name": f"n{i}", "cost": 0, "mem": 10, "backward": i >= 3} for i in range(6)]
+    edges = [[i, i + 1] for i in range(5)] + [[2, 3], [1, 4], [0, 5]]
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps({"format": "checkmate-graph/1", "name": "zero", "nodes": nodes, "edges": edges}))
+    return path
+
+
+@pytest.mark.parametrize("strategy", ["chen_sqrtn", "checkpoint_all", "checkmate_milp", "auto"])
+def test_a_graph_that_costs_nothing_is_solved(tmp_path, capsys, strategy):
+    path = _zero_cost_graph_file(tmp_path)
+    code, out, err = run_main(capsys, "solve", path, "--budget", "100%", "--strategy", strategy)
+    assert code == 0, err
+    assert "1.000x" in out
+
+
+def test_a_sweep_of_a_graph_that_costs_nothing_reports_what_its_csv_says(tmp_path, capsys):
+    path = _zero_cost_graph_file(tmp_path)
+    code, out, err = run_main(capsys, "sweep", path, "--out", tmp_path / "sw", "--strategies", "checkpoint_all",
+                              "--budgets", "3", "--executor", "serial")
+    assert code == 0, err
+    assert "feasible from" in out
+    rows = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+    assert any(r["feasible"] == "True" for r in rows)
+
+
+def test_huge_budgets_are_bad_input(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    for budget in ("1e400", "9" * 500, "1e99999999", "5e-99999"):
+        code, _, err = run_main(capsys, "solve", g, "--budget", budget, "--strategy", "chen_sqrtn")
+        assert_one_line_error(code, err)
+        assert code == 2
+
+
+# ------------------------------------------------------------------------------------ the API
+def test_the_api_raises_checkmate_errors_only():
+    g = unet_like()
+    bad_calls = [
+        lambda: checkmate.solve(None, "50%"),
+        lambda: checkmate.solve("graph.json", "50%"),
+        lambda: checkmate.solve(g, 10**400),
+        lambda: checkmate.solve(g, float("inf")),
+        lambda: checkmate.solve(g, "50%", strategy=None),
+        lambda: checkmate.simulate(g, None),
+        lambda: checkmate.simulate(None, None),
+        lambda: checkmate.replay_plan(g, None),
+        lambda: checkmate.replay_plan(g, [("compute", 10**30)]),
+        lambda: checkmate.solve(g, "50%", time_limit_s=-5),
+        lambda: checkmate.solve(g, "50%", time_limit_s=math.nan),
+        lambda: checkmate.solve(g, "50%", time_limit_s=math.inf),
+        lambda: checkmate.solve(g, "50%", mip_gap=-1),
+        lambda: checkmate.solve(g, "50%", mip_gap=math.nan),
+        lambda: checkmate.solve(g, "50%", threads=0),
+        lambda: checkmate.solve(g, "50%", no_such_option=1),
+    ]
+    for call in bad_calls:
+        with pytest.raises(CheckmateError):
+            call()
+
+
+def test_numpy_integer_budgets_are_accepted():
+    g = unet_like()
+    peak = checkmate.solvers.checkpoint_all_peak(g)
+    for budget in (np.int64(peak), np.int32(min(peak, 2**31 - 1)) if peak < 2**31 else np.int64(peak),
+                   np.uint64(peak)):
+        r = checkmate.solve(g, budget, strategy="checkpoint_all")
+        assert r.budget_bytes == int(budget)
+
+
+# ------------------------------------------------------------------------------------ real processes
+def _cli_command():
+    return [sys.executable, "-m", "checkmate"]
+
+
+def _env():
+    env = dict(os.environ)
+    root = str(Path(checkmate.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+ADDRESS_SPACE_LIMIT_BYTES = 6 * 2**30  # a few GiB: the flat model of this chain would need tens
+
+
+def _limit_address_space():
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE_LIMIT_BYTES, ADDRESS_SPACE_LIMIT_BYTES))
+
+
+@pytest.mark.slow
+def test_a_large_graph_hands_over_or_refuses_within_bounded_memory(tmp_path):
+    path = tmp_path / "chain.json"
+    save_graph(chain(2500), path)  # 5,002 nodes with its backward pass
+    start = time.monotonic()
+    proc = subprocess.run([*_cli_command(), "solve", str(path), "--budget", "30%", "--strategy", "checkmate_milp",
+                           "--time-limit", "5"], capture_output=True, text=True, timeout=300, env=_env(),
+                          preexec_fn=_limit_address_space)
+    assert proc.returncode in (0, 4), proc.stderr
+    if proc.returncode == 0:
+        assert "hierarchical" in proc.stdout
+    else:
+        assert_one_line_error(proc.returncode, proc.stderr)
+    assert time.monotonic() - start < 240
+
+
+INTERRUPT_DEADLINE_S = 8.0  # the CLI's grace period is 2 s; the rest is process start and worker teardown
+
+
+@pytest.mark.parametrize("executor", ["process", "serial"])
+def test_ctrl_c_stops_a_sweep_promptly_and_keeps_complete_rows(tmp_path, executor):
+    path = tmp_path / "g.json"
+    save_graph(resnet(40), path)
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([*_cli_command(), "sweep", str(path), "--out", str(out), "--strategies",
+                             "chen_sqrtn,checkmate_milp", "--time-limit", "60", "--executor", executor,
+                             "--workers", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    time.sleep(12)  # imports done, the frontier probes and the first MILP solves under way
+    assert proc.poll() is None, proc.communicate()
+    sent = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert time.monotonic() - sent < INTERRUPT_DEADLINE_S
+    assert proc.returncode == 130
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("checkmate: interrupted"), err
+    assert not (out / "sweep.csv").exists()
+    partial = out / "sweep.partial.csv"
+    if partial.exists():
+        rows = list(csv.reader(open(partial)))
+        assert rows[0] == list(CSV_COLUMNS)
+        assert all(len(r) == len(CSV_COLUMNS) and r[CSV_COLUMNS.index("feasible")] in ("True", "False", "")
+                   for r in rows[1:])
+    assert_no_temp_files(tmp_path)
