@@ -1,7 +1,8 @@
 """What every ``checkmate`` command shares: the exit codes, the argument parser and its value types,
 the one-line error messages, keeping stdout clean for ``--json`` and importing TensorFlow quietly.
 
-Exit codes (docs/design.md §5): 0 success, 2 bad input, 3 infeasible budget, 4 solver failure.
+Exit codes (docs/design.md §5): 0 success, 2 bad input (output paths included), 3 infeasible budget,
+4 solver failure (running out of memory included), 130 interrupted.
 """
 
 from __future__ import annotations
