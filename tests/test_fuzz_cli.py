@@ -367,3 +367,15 @@ def test_ctrl_c_stops_a_sweep_promptly_and_keeps_complete_rows(tmp_path, executo
         assert all(len(r) == len(CSV_COLUMNS) and r[CSV_COLUMNS.index("feasible")] in ("True", "False", "")
                    for r in rows[1:])
     assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.slow
+def test_the_lp_roundings_minimum_is_a_budget_at_which_it_succeeds(capsys):
+    example = Path(checkmate.__file__).parent / "data" / "examples" / "unet_train.json"
+    code, out, err = run_main(capsys, "solve", example, "--budget", "469762047", "--strategy",
+                              "checkmate_lp_rounding", "--json")
+    assert code == 3, err
+    minimum = json.loads(out)["min_feasible_budget_bytes"]
+    assert minimum is not None
+    code, _, err = run_main(capsys, "solve", example, "--budget", minimum, "--strategy", "checkmate_lp_rounding")
+    assert code == 0, err

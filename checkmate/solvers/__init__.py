@@ -43,6 +43,13 @@ def _run_bounded(spec: StrategySpec, graph: "Graph", budget_bytes: int, opts: So
     if why is None:
         try:
             return spec.fn(graph, budget_bytes, opts)
+        except InfeasibleBudgetError as exc:
+            if spec.name != "checkmate_lp_rounding":
+                raise
+            # the minimum it names must be one at which this strategy, not only the MILP, succeeds
+            from checkmate.solvers.minimum_budget import rounding_minimum_error
+
+            raise rounding_minimum_error(graph, exc, opts) from None
         except MemoryError:
             # what the estimate missed; the model's arrays are released as this unwinds
             raise SolverError(f"{spec.name} ran out of memory on a graph of {graph.n} nodes; try "

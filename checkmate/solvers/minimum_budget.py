@@ -14,6 +14,7 @@ All three start from the graph's memory facts in :mod:`checkmate.bounds`.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
@@ -25,7 +26,15 @@ from checkmate.solvers.registry import STRATEGIES, get_strategy
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["MinimumBudget", "bracket_minimum_budget", "strategy_minimum_budget", "sweep_frontier_budget"]
+__all__ = ["MinimumBudget", "bracket_minimum_budget", "strategy_minimum_budget", "sweep_frontier_budget",
+           "rounding_minimum_error"]
+
+# The LP rounding's own minimum: the search's whole time (as the MILP's bracket), each probe's share of
+# what is left (a probe is one LP, its roundings and a short infeasibility check), and how close the
+# bisection gets (relative) before it stops.
+ROUNDING_MINIMUM_TIME_S = 30.0
+ROUNDING_PROBE_SHARE = 0.25
+ROUNDING_MINIMUM_RTOL = 1e-3
 
 
 def strategy_minimum_budget(graph: "Graph", strategy: str, *, solver: str | None = None,
@@ -84,3 +93,67 @@ def sweep_frontier_budget(graph: "Graph", strategies: Sequence[str],
         elif row["feasible"] is False and row.get("min_feasible_budget_bytes") is not None:
             candidates.append(int(row["min_feasible_budget_bytes"]))
     return max(trivial, min(candidates)) if candidates else trivial
+
+
+def rounding_minimum_error(graph: "Graph", error: InfeasibleBudgetError, options: Any) -> InfeasibleBudgetError:
+    """``error`` (from ``checkmate_lp_rounding``) naming the least budget at which the LP rounding
+    itself succeeds, not merely one at which some schedule exists.
+
+    The MILP's minimum can lie where the LP is feasible but no rounding fits; the search steps up from
+    it (doubling the step) to a budget where the rounding succeeds, then bisects down to
+    :data:`ROUNDING_MINIMUM_RTOL`, within :data:`ROUNDING_MINIMUM_TIME_S`. The budget it names has had
+    a successful rounding solve. Without one in time the error names no minimum.
+    """
+    from dataclasses import replace
+
+    from checkmate.errors import SolverError
+
+    start = error.min_feasible_budget_bytes
+    if start is None:
+        return error
+    fn = STRATEGIES["checkmate_lp_rounding"].fn
+    deadline = time.perf_counter() + ROUNDING_MINIMUM_TIME_S
+
+    def succeeds(budget: int) -> bool | None:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return None
+        try:
+            fn(graph, budget, replace(options, time_limit_s=max(left * ROUNDING_PROBE_SHARE, 1.0)))
+            return True
+        except (InfeasibleBudgetError, SolverError):
+            return False
+
+    top = max(int(start), checkpoint_all_peak(graph))
+    failed = int(error.budget_bytes) if error.budget_bytes is not None else int(start) - 1
+    found, probe, step = None, int(start), max(1, int(start * ROUNDING_MINIMUM_RTOL))
+    while found is None:
+        ok = succeeds(probe)
+        if ok is None:
+            break
+        if ok:
+            found = probe
+        elif probe >= top:
+            break
+        else:
+            failed, probe, step = probe, min(top, probe + step), step * 2
+    if found is None:
+        return InfeasibleBudgetError(
+            f"{error} (no rounding of the LP relaxation was found to fit up to {probe} bytes; "
+            "checkmate_milp schedules budgets from the minimum named)",
+            budget_bytes=error.budget_bytes, min_feasible_budget_bytes=None, strategy=error.strategy)
+    while found - failed > max(1, int(found * ROUNDING_MINIMUM_RTOL)):
+        mid = (failed + found) // 2
+        ok = succeeds(mid)
+        if ok is None:
+            break
+        if ok:
+            found = mid
+        else:
+            failed = mid
+    if found == start:
+        return error
+    return InfeasibleBudgetError(
+        f"no rounding of the LP relaxation fits in {error.budget_bytes} bytes; the least budget at which one "
+        f"was found to fit is {found} bytes (checkmate_milp may fit less)",
+        budget_bytes=error.budget_bytes, min_feasible_budget_bytes=found, strategy=error.strategy)
