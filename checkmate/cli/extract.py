@@ -62,8 +62,10 @@ def load_keras_file(path: str, batch_size: int, input_shape: tuple[int, ...] | N
 
 def run(args: argparse.Namespace) -> int:
     from checkmate.graph import save_graph
+    from checkmate.io import output_target
     from checkmate.tf2.lowering import lower
 
+    output_target(args.out)  # an unwritable --out is refused before the model is built and profiled
     if args.model:
         from checkmate.tf2 import zoo
 

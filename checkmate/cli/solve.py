@@ -63,6 +63,10 @@ def run_solve(args: argparse.Namespace) -> int:
     if args.strategy != "all" and args.strategy not in STRATEGIES:
         raise InvalidArgumentError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}, all")
     check_solver_name(args.solver)
+    if args.out:
+        from checkmate.io import output_target
+
+        output_target(args.out)  # refuse an unwritable --out before solving; written only on success
     graph = load_graph(args.graph)
     budget_bytes = parse_budget(args.budget, graph)
     if args.strategy == "all":
