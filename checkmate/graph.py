@@ -386,8 +386,3 @@ def load_graph(path: str | os.PathLike) -> Graph:
 def save_graph(graph: Graph, path: str | os.PathLike) -> None:
     """Write ``graph`` as native ``checkmate-graph/1`` JSON (atomically)."""
     atomic_write_json(path, graph.to_dict())
-
-
-def _atomic_write_json(path: Path, data: Any) -> None:
-    """Kept for callers of the earlier private name; see :func:`checkmate.io.atomic_write_json`."""
-    atomic_write_json(path, data)
