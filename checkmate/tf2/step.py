@@ -281,6 +281,6 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     before any step runs when nothing fits.
     """
     lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
-                    cost_model=cost_model)
+                    cost_model=cost_model, optimizer=optimizer)
     return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
                            time_limit_s=time_limit_s, device=device, **solve_options)

@@ -79,7 +79,8 @@ AUTO_GRADIENT_NODES_MAX_NODES = 120
 
 def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
           gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
-          profile_options: Mapping[str, Any] | None = None, progress: bool = True) -> LoweredGraph:
+          profile_options: Mapping[str, Any] | None = None, progress: bool = True,
+          optimizer: Any = None) -> LoweredGraph:
     """Lower one training step of ``model`` to a :class:`LoweredGraph`.
 
     Parameters
@@ -104,6 +105,9 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         current device, cached on disk; see :mod:`checkmate.tf2.profiling`).
     profile_options:
         Keyword arguments for :func:`checkmate.tf2.profiling.profile_nodes` (repeats, warmup, cache_dir).
+    optimizer:
+        The optimizer the step will apply the gradients with: a ``LossScaleOptimizer`` scales the
+        differentiated loss (see :func:`~checkmate.tf2.lowering.trace.trace_step`).
     """
     if level not in LEVELS:
         raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
@@ -111,7 +115,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
     if gradient_nodes not in (True, False, "auto"):
         raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
-    traced = trace_step(model, loss, input_spec, label_spec)
+    traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer)
     op_graph = OpGraph.of(traced)
     infos = classify_ops(traced, op_graph)
     warn: list[str] = []
