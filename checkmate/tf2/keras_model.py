@@ -271,6 +271,16 @@ class RematModel(keras.Model):
             raise InvalidArgumentError("a step from checkmate.tf2.compile does not take sample weights: "
                                        "use RematModel(model, budget=...) and compile() it")
         flat = self.step.function.flat_args(x, y)
+        batch = int(self.step.input_specs[0].shape[0])
+        if flat[0].shape[0] != batch:
+            # a batch of unknown size (a dataset batched without drop_remainder): checked as it runs
+            check = tf.debugging.assert_equal(
+                tf.shape(flat[0])[0], batch,
+                message=f"this batch's shape differs from the compiled one: the step was compiled for batches of "
+                        f"{batch}; batch the data with drop_remainder=True, or use RematModel(model, budget=...), "
+                        "which pads a short batch")
+            with tf.control_dependencies([check]):
+                flat = [tf.identity(t) for t in flat]
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, self.step.input_specs)]
         loss = self.step.train_flat(*flat)
         self.loss_tracker.update_state(loss)

@@ -142,11 +142,14 @@ def test_mixed_float16_loss_scaling_follows_keras(explicit):
         got = trainer.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0).history["loss"]
         assert want[-1] < 0.8 * want[0]                       # it learns: the gradients are unscaled
         np.testing.assert_allclose(got, want, rtol=2e-2)      # float16 rounding, not a different curve
-        # the budget counts float16 activations: half the bytes of the float32 model's
-        half = trainer.compiled_step().lowered.metadata
-        assert half is not None
+        half = trainer.compiled_step().graph
     finally:
         keras.mixed_precision.set_global_policy("float32")
+    # the plan counts the float16 activations at their size: about half the float32 model's bytes
+    step32 = checkmate.tf2.RematModel(convnext(), **OPTIONS)
+    step32.compile(keras.optimizers.SGD(0.1), LOSS)
+    step32.train_on_batch(x[:BATCH], y[:BATCH])
+    assert 0.4 < half.mem.sum() / step32.compiled_step().graph.mem.sum() < 0.7
 
 
 def test_compiled_step_with_loss_scale_optimizer_scales_the_loss():
@@ -186,3 +189,25 @@ def test_a_model_with_its_own_train_step_is_refused():
                                  tf.TensorSpec((BATCH,), tf.int32), **OPTIONS)
     with pytest.raises(checkmate.errors.InvalidArgumentError, match="own train_step"):
         step.keras_model()
+
+
+def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_batch(tmp_path):
+    x, y = data(2 * BATCH)
+    model = convnext()
+    step = checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.05), tf.TensorSpec((BATCH, SIZE, SIZE, 3)),
+                                 tf.TensorSpec((BATCH,), tf.int32), **OPTIONS)
+    trainer = step.keras_model()
+    trainer.compile(metrics=["accuracy"])
+    history = trainer.fit(x, y, epochs=1, verbose=0).history
+    assert set(history) == {"loss", "accuracy"}
+    trainer.save_weights(str(tmp_path / "w.weights.h5"))
+    trainer.export(str(tmp_path / "exported"), verbose=False)
+    trainer.save(str(tmp_path / "t.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "t.keras"))
+    assert isinstance(loaded, checkmate.tf2.RematModel) and loaded.native
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="sample weights.*RematModel\\(model"):
+        trainer.fit(x, y, sample_weight=np.ones(len(x)), epochs=1, verbose=0)
+    short = tf.data.Dataset.from_tensor_slices(data(BATCH + 3)).batch(BATCH)
+    with pytest.raises(Exception, match="compiled for batches of 8.*RematModel\\(model"):
+        trainer.fit(short, epochs=1, verbose=0, shuffle=False)
