@@ -14,6 +14,7 @@ trains with it. Measuring a compiled step against the plain one: :mod:`checkmate
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,17 +24,19 @@ import tensorflow as tf
 from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
-from checkmate.solvers import SolveResult, format_bytes, parse_budget, solve
+from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget, solve
 from checkmate.solvers.minimum_budget import strategy_minimum_budget as minimum_feasible_budget
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.keras_model import RematModel
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
-from checkmate.tf2.memory import available_device_memory
+from checkmate.tf2.memory import available_device_memory, default_device
+
+_log = logging.getLogger("checkmate.tf2")
 
 __all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "resident_bytes",
-           "accounting", "resolve_budget", "minimum_feasible_budget", "RematModel"]
+           "accounting", "resolve_budget", "resolve_budget_reported", "minimum_feasible_budget", "RematModel"]
 
 
 @dataclass(frozen=True)
@@ -92,12 +95,27 @@ def resolve_budget(budget: Any, graph, model: Any = None, device: str | None = N
     the bytes of the model's variables, which are already allocated and are part of the graph's
     fixed memory.
     """
+    return resolve_budget_reported(budget, graph, model, device)[0]
+
+
+def resolve_budget_reported(budget: Any, graph, model: Any = None, device: str | None = None) -> tuple[int, str]:
+    """:func:`resolve_budget`'s bytes and what they were resolved from, in words: the reference of a
+    percentage (checkpoint-all's peak) or of ``"auto"`` (the device and its free memory)."""
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         resident = 0
         for v in getattr(model, "variables", ()) if model is not None else ():
             resident += int(np.prod(v.shape, dtype=np.int64)) * tf.as_dtype(v.dtype).size
-        return int(available_device_memory(device)) + int(resident)
-    return parse_budget(budget, graph)
+        free = int(available_device_memory(device))
+        total = free + int(resident)
+        where = device or default_device()
+        return total, (f"auto: {format_bytes(free)} free on {where} + {format_bytes(resident)} of model variables "
+                       f"= {format_bytes(total)} ({total} bytes)")
+    total = parse_budget(budget, graph)
+    if isinstance(budget, str) and budget.strip().endswith("%"):
+        reference = checkpoint_all_peak(graph)
+        return total, (f"{budget.strip()} of checkpoint-all's peak {format_bytes(reference)} = {format_bytes(total)} "
+                       f"({total} bytes)")
+    return total, f"{format_bytes(total)} ({total} bytes)"
 
 
 class CompiledStep:
@@ -128,6 +146,8 @@ class CompiledStep:
             budget_bytes=int(result.budget_bytes),
         )
         self._train = None
+        # what the budget was resolved from (compile_lowered sets it; a budget in bytes says just that)
+        self.budget_reference = f"{format_bytes(result.budget_bytes)} ({int(result.budget_bytes)} bytes)"
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -203,7 +223,7 @@ class CompiledStep:
             f"  accounting      {accounting(self.lowered)}",
             f"  strategy        {r.strategy}" + (f" (solver {r.solver})" if r.solver else "")
             + (", optimal" if r.optimal else ""),
-            f"  budget          {format_bytes(p.budget_bytes)}",
+            f"  budget          {self.budget_reference}",
             f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (parameters and batch "
             f"{format_bytes(p.resident_bytes)}, step {format_bytes(p.step_peak_bytes)})",
             f"  overhead        {p.overhead:.3f}x ({p.recompute_count} recomputations)",
@@ -228,7 +248,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
                     strategy: str = "checkmate_milp", solver: str | None = None, time_limit_s: float | None = None,
                     device: str | None = None, **solve_options: Any) -> CompiledStep:
     """Solve and generate for an already lowered step (lets callers reuse one lowering)."""
-    budget_bytes = resolve_budget(budget, lowered.graph, model, device)
+    budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
+    _log.info("budget %s", reference)
     try:
         result = solve(lowered.graph, budget_bytes, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
                        **solve_options)
@@ -243,7 +264,9 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
-    return CompiledStep(model, loss, optimizer, lowered, result, generate(lowered, result.schedule))
+    step = CompiledStep(model, loss, optimizer, lowered, result, generate(lowered, result.schedule))
+    step.budget_reference = reference
+    return step
 
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",

@@ -211,3 +211,17 @@ def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_ba
     short = tf.data.Dataset.from_tensor_slices(data(BATCH + 3)).batch(BATCH)
     with pytest.raises(Exception, match="compiled for batches of 8.*RematModel\\(model"):
         trainer.fit(short, epochs=1, verbose=0, shuffle=False)
+
+
+def test_resolved_budgets_are_reported_with_their_reference():
+    specs = (tf.TensorSpec((BATCH, SIZE, SIZE, 3)), tf.TensorSpec((BATCH,), tf.int32))
+    step = checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="100%",
+                                 strategy="checkpoint_all")
+    peak = checkmate.solvers.checkpoint_all_peak(step.graph)
+    assert step.predicted.budget_bytes == peak
+    assert f"100% of checkpoint-all's peak {checkmate.solvers.format_bytes(peak)}" in step.summary()
+    assert f"({peak} bytes)" in step.summary()
+    step = checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="auto",
+                                 strategy="checkpoint_all")
+    assert "auto: " in step.budget_reference and " free on " in step.budget_reference
+    assert f"({step.predicted.budget_bytes} bytes)" in step.summary()
