@@ -15,6 +15,7 @@ trains with it. Measuring a compiled step against the plain one: :mod:`checkmate
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget, solve
@@ -250,6 +252,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     """Solve and generate for an already lowered step (lets callers reuse one lowering)."""
     budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
     _log.info("budget %s", reference)
+    _log.info("solving %s (%d nodes) with %s", lowered.graph.name, lowered.graph.n, strategy)
+    started = time.perf_counter()
     try:
         result = solve(lowered.graph, budget_bytes, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
                        **solve_options)
@@ -264,6 +268,9 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
+    _log.info("solved in %.1f s: overhead %.3fx, peak %s", time.perf_counter() - started,
+              result.compute_cost / lowered.graph.total_cost if lowered.graph.total_cost else 1.0,
+              format_bytes(result.peak_memory_bytes))
     step = CompiledStep(model, loss, optimizer, lowered, result, generate(lowered, result.schedule))
     step.budget_reference = reference
     return step
@@ -272,7 +279,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "checkmate_milp", solver: str | None = None, level: str = "layer",
             gradient_nodes: bool | str = "auto", time_limit_s: float | None = None, cost_model: str = "flops",
-            device: str | None = None, **solve_options: Any) -> CompiledStep:
+            device: str | None = None, verbose: bool | int = False, **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
 
     Parameters
@@ -300,10 +307,17 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         ``True``/``False`` force one of them (see :mod:`checkmate.tf2.lowering`).
         :meth:`CompiledStep.summary` says which one was used.
 
+    verbose:
+        Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
+        stderr while compiling (:mod:`checkmate.logs`); silent by default.
+
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
     before any step runs when nothing fits.
     """
-    lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
-                    cost_model=cost_model, optimizer=optimizer)
-    return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
-                           time_limit_s=time_limit_s, device=device, **solve_options)
+    if verbose:
+        solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
+    with verbose_logging(verbose):
+        lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
+                        cost_model=cost_model, optimizer=optimizer)
+        return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
+                               time_limit_s=time_limit_s, device=device, **solve_options)

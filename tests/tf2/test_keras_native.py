@@ -213,10 +213,18 @@ def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_ba
         trainer.fit(short, epochs=1, verbose=0, shuffle=False)
 
 
-def test_resolved_budgets_are_reported_with_their_reference():
+def test_resolved_budgets_are_reported_with_their_reference(capfd):
     specs = (tf.TensorSpec((BATCH, SIZE, SIZE, 3)), tf.TensorSpec((BATCH,), tf.int32))
+    capfd.readouterr()
+    checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="100%",
+                          strategy="checkpoint_all")
+    assert "checkmate:" not in capfd.readouterr().err          # library calls are silent by default
     step = checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="100%",
-                                 strategy="checkpoint_all")
+                                 strategy="checkpoint_all", verbose=True)
+    err = capfd.readouterr().err
+    for fragment in ("checkmate: lowering convnext", "checkmate: lowered", "checkmate: budget 100% of checkpoint-all",
+                     "checkmate: solving", "checkmate: solved in"):
+        assert fragment in err, err
     peak = checkmate.solvers.checkpoint_all_peak(step.graph)
     assert step.predicted.budget_bytes == peak
     assert f"100% of checkpoint-all's peak {checkmate.solvers.format_bytes(peak)}" in step.summary()

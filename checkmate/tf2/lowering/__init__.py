@@ -47,6 +47,8 @@ relaxation: 6 s compact, 170 s with gradient nodes).
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Mapping
 
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
@@ -67,6 +69,8 @@ from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
 
 __all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops", "OpGraph", "OpInfo", "LEVELS",
            "COST_MODELS", "LOSS_LAYER", "AUTO_GRADIENT_NODES_MAX_NODES", "WORKSPACE_SPLIT_FRACTION"]
+
+_log = logging.getLogger("checkmate.tf2.lowering")
 
 LEVELS = ("op", "layer")
 COST_MODELS = ("flops", "profile")
@@ -115,6 +119,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
     if gradient_nodes not in (True, False, "auto"):
         raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
+    started = time.perf_counter()
+    _log.info("lowering %s (%s level)", getattr(model, "name", "model"), level)
     traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer)
     op_graph = OpGraph.of(traced)
     infos = classify_ops(traced, op_graph)
@@ -146,7 +152,11 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         if split_nodes:
             graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, level, label,
                                                                  fixed, grads_resident)
+    if cost_model == "profile":
+        _log.info("profiling %d nodes", graph.n)
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
+    _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
+              time.perf_counter() - started)
     return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=level,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
                          parameter_and_batch_bytes=param_batch, grad_bytes=grad_bytes,
