@@ -23,7 +23,7 @@ import tensorflow as tf
 from checkmate.errors import InvalidArgumentError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowering import training_loss
-from checkmate.tf2.lowering.trace import _resolve_loss
+from checkmate.tf2.lowering.trace import _resolve_loss, check_not_distributed
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
@@ -130,6 +130,7 @@ class RematModel(keras.Model):
         if inner is None:
             raise InvalidArgumentError("RematModel needs a Keras model (or a compiled step)")
         check_no_custom_train_step(inner)
+        check_not_distributed(inner)
         kwargs.setdefault("name", f"{getattr(inner, 'name', 'model')}_checkmate")
         super().__init__(**kwargs)
         self.step = step
