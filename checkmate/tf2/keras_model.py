@@ -179,6 +179,10 @@ class RematModel(keras.Model):
         # XLA would re-schedule the step and undo the plan's order.
         kwargs["jit_compile"] = False
         if self.native:
+            if kwargs.get("loss_weights") is not None:
+                # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
+                raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
+                                           "losses themselves")
             self._steps = {}
             return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
                                    **kwargs)
