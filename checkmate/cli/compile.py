@@ -63,8 +63,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
     print(f"accounting: {report['accounting']}")
+    print(f"budget: {report['budget_reference']}")
     print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
-          f"{format_bytes(plain['predicted_peak_bytes'])}), {plain['step_seconds'] * 1e3:.1f} ms")
+          f"{format_bytes(plain['predicted_peak_bytes'])}, a budget of "
+          f"{format_bytes(plain['checkpoint_all_budget_bytes'])} with parameters and batch), "
+          f"{plain['step_seconds'] * 1e3:.1f} ms")
     if report["allocator_note"]:
         print(f"note: {report['allocator_note']}")
     header = (f"{'strategy':<22} {'pred. peak':>11} {'meas. peak':>11} {'meas/pred':>9} {'pred. ovh':>9} "
@@ -72,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     print(header)
     for row in report["rows"]:
         if row["status"] == "infeasible":
-            print(f"{row['strategy']:<22} does not fit: needs {format_bytes(row['min_feasible_budget_bytes'])}")
+            need = row["min_feasible_budget_bytes"]
+            step_need = f" (step peak {format_bytes(need - report['resident_bytes'])})" if need is not None else ""
+            print(f"{row['strategy']:<22} does not fit: needs a budget of {format_bytes(need)}{step_need}")
             continue
         if row["status"] != "ok":
             print(f"{row['strategy']:<22} {row['status']}")

@@ -14,7 +14,9 @@ trains with it. Measuring a compiled step against the plain one: :mod:`checkmate
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,19 +24,22 @@ import numpy as np
 import tensorflow as tf
 
 from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
-from checkmate.solvers import SolveResult, format_bytes, parse_budget, solve
+from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget, solve
 from checkmate.solvers.minimum_budget import strategy_minimum_budget as minimum_feasible_budget
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.keras_model import RematModel
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
-from checkmate.tf2.memory import available_device_memory
+from checkmate.tf2.memory import available_device_memory, default_device
+
+_log = logging.getLogger("checkmate.tf2")
 
 __all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "resident_bytes",
-           "accounting", "resolve_budget", "minimum_feasible_budget", "RematModel"]
+           "accounting", "resolve_budget", "resolve_budget_reported", "minimum_feasible_budget", "RematModel"]
 
 
 @dataclass(frozen=True)
@@ -94,12 +99,27 @@ def resolve_budget(budget: Any, graph, model: Any = None, device: str | None = N
     the bytes of the model's variables, which are already allocated and are part of the graph's
     fixed memory.
     """
+    return resolve_budget_reported(budget, graph, model, device)[0]
+
+
+def resolve_budget_reported(budget: Any, graph, model: Any = None, device: str | None = None) -> tuple[int, str]:
+    """:func:`resolve_budget`'s bytes and what they were resolved from, in words: the reference of a
+    percentage (checkpoint-all's peak) or of ``"auto"`` (the device and its free memory)."""
     if isinstance(budget, str) and budget.strip().lower() == "auto":
         resident = 0
         for v in getattr(model, "variables", ()) if model is not None else ():
             resident += int(np.prod(v.shape, dtype=np.int64)) * tf.as_dtype(v.dtype).size
-        return int(available_device_memory(device)) + int(resident)
-    return parse_budget(budget, graph)
+        free = int(available_device_memory(device))
+        total = free + int(resident)
+        where = device or default_device()
+        return total, (f"auto: {format_bytes(free)} free on {where} + {format_bytes(resident)} of model variables "
+                       f"= {format_bytes(total)} ({total} bytes)")
+    total = parse_budget(budget, graph)
+    if isinstance(budget, str) and budget.strip().endswith("%"):
+        reference = checkpoint_all_peak(graph)
+        return total, (f"{budget.strip()} of checkpoint-all's peak {format_bytes(reference)} = {format_bytes(total)} "
+                       f"({total} bytes)")
+    return total, f"{format_bytes(total)} ({total} bytes)"
 
 
 class CompiledStep:
@@ -130,6 +150,8 @@ class CompiledStep:
             budget_bytes=int(result.budget_bytes),
         )
         self._train = None
+        # what the budget was resolved from (compile_lowered sets it; a budget in bytes says just that)
+        self.budget_reference = f"{format_bytes(result.budget_bytes)} ({int(result.budget_bytes)} bytes)"
 
     # ------------------------------------------------------------------------------ properties
     @property
@@ -205,7 +227,7 @@ class CompiledStep:
             f"  accounting      {accounting(self.lowered)}",
             f"  strategy        {r.strategy}" + (f" (solver {r.solver})" if r.solver else "")
             + (", optimal" if r.optimal else ""),
-            f"  budget          {format_bytes(p.budget_bytes)}"
+            f"  budget          {self.budget_reference}"
             + (f" (planned for {format_bytes(p.planned_budget_bytes)}, leaving room for the allocator)"
                if p.planned_budget_bytes is not None and p.planned_budget_bytes != p.budget_bytes else ""),
             f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (parameters and batch "
@@ -265,9 +287,15 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     planned as given. ``min_feasible_budget_bytes`` of an :class:`InfeasibleBudgetError` is in the
     user's terms: compiling with it succeeds.
     """
-    budget_bytes = resolve_budget(budget, lowered.graph, model, device)
+    budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
     resident = resident_bytes(lowered)
     planned = planning_budget(budget, budget_bytes, resident, allocator_headroom)
+    _log.info("budget %s", reference)
+    if planned != budget_bytes:
+        _log.info("planned for %s, leaving %.0f%% of the step's memory to the allocator", format_bytes(planned),
+                  100 * allocator_headroom)
+    _log.info("solving %s (%d nodes) with %s", lowered.graph.name, lowered.graph.n, strategy)
+    started = time.perf_counter()
     try:
         result = solve(lowered.graph, planned, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
                        **solve_options)
@@ -287,15 +315,19 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
+    _log.info("solved in %.1f s: overhead %.3fx, peak %s", time.perf_counter() - started,
+              result.compute_cost / lowered.graph.total_cost if lowered.graph.total_cost else 1.0,
+              format_bytes(result.peak_memory_bytes))
     step = CompiledStep(model, loss, optimizer, lowered, result, generate(lowered, result.schedule))
     step.predicted = replace(step.predicted, budget_bytes=int(budget_bytes), planned_budget_bytes=int(planned))
+    step.budget_reference = reference
     return step
 
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
             gradient_nodes: bool | str = True, time_limit_s: float | None = None, cost_model: str = "flops",
-            device: str | None = None, **solve_options: Any) -> CompiledStep:
+            device: str | None = None, verbose: bool | int = False, **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
 
     Parameters
@@ -329,10 +361,17 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` compact nodes.
         :meth:`CompiledStep.summary` says which one was used.
 
+    verbose:
+        Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
+        stderr while compiling (:mod:`checkmate.logs`); silent by default.
+
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
     before any step runs when nothing fits.
     """
-    lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
-                    cost_model=cost_model)
-    return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
-                           time_limit_s=time_limit_s, device=device, **solve_options)
+    if verbose:
+        solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
+    with verbose_logging(verbose):
+        lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
+                        cost_model=cost_model, optimizer=optimizer)
+        return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
+                               time_limit_s=time_limit_s, device=device, **solve_options)
