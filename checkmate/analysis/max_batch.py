@@ -47,8 +47,11 @@ _COST_RTOL = 1e-9
 # CLI defaults for MILP probes (see checkmate.cli.max_batch).
 DEFAULT_PROBE_TIME_LIMIT_S = 120.0
 PROBE_MIP_GAP = 0.02
-# Upper end of the doubling search: beyond any batch size a single device holds for these models.
-MAX_SEARCH_BATCH = 1 << 16
+# Upper end of the doubling search. The search doubles until memory binds; this bound only stops it on
+# a graph whose memory barely grows with the batch (a small MLP fits 65536 samples in 200 MiB), and a
+# result that reaches it says so (``MaxBatchResult.search_limit_reached``). 2**30 samples keep every
+# byte count of a probed graph far inside int64.
+MAX_SEARCH_BATCH = 1 << 30
 
 
 def forward_cost(graph: Graph) -> float:
@@ -83,6 +86,9 @@ class MaxBatchResult:
     measured: dict | None = None     # measured peak of the compiled step at the final size, if run
     extra_forward_passes: float = 1.0
     seconds: float = 0.0
+    # the largest size searched fitted: the true maximum may be larger (memory did not bind)
+    search_limit_reached: bool = False
+    search_limit: int = MAX_SEARCH_BATCH
 
     def to_json_dict(self) -> dict:
         out = asdict(self)
@@ -139,7 +145,15 @@ def max_batch_size(graph_at: Callable[[int], Graph], memory_bytes: int, strategy
     while b <= max_batch and fits(b):
         best = b
         b *= 2
-    if best and b <= max_batch:
+    limit_reached = False
+    if best and b > max_batch and best < max_batch:
+        # the doubling overshot the bound: probe the bound itself before bisecting below it
+        b = max_batch
+        if fits(b):
+            best, limit_reached = b, True
+    elif best and b > max_batch:
+        limit_reached = True
+    if best and not limit_reached:
         lo, hi = best, b  # lo fits, hi does not
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -150,7 +164,8 @@ def max_batch_size(graph_at: Callable[[int], Graph], memory_bytes: int, strategy
         best = lo
     ordered = [probes[k] for k in sorted(probes)]
     return MaxBatchResult(model, strategy, int(memory_bytes), best, ordered,
-                          extra_forward_passes=extra_forward_passes, seconds=time.perf_counter() - start)
+                          extra_forward_passes=extra_forward_passes, seconds=time.perf_counter() - start,
+                          search_limit_reached=limit_reached, search_limit=int(max_batch))
 
 
 def max_batch_sizes(graph_at: Callable[[int], Graph], memory_bytes: int, strategies: Sequence[str] = DEFAULT_STRATEGIES,
@@ -265,6 +280,8 @@ def _settle_on_real_graph(res: MaxBatchResult, extract, memory_bytes, strategy, 
             break
         res.probes.append(probe)
         b -= 1
+    if b != res.max_batch_size:
+        res.search_limit_reached = False
     res.max_batch_size = b
     return res
 

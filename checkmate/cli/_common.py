@@ -14,6 +14,7 @@ import sys
 from typing import Callable, Iterator
 
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
+from checkmate.logs import verbose_logging
 
 __all__ = ["EXIT_OK", "EXIT_INTERNAL", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_SOLVER", "EXIT_INTERRUPTED",
            "Parser", "positive_int", "positive_float", "shape", "strategy_list", "command", "exit_code_for",
@@ -89,7 +90,9 @@ def command(run: Callable[[argparse.Namespace], int], *,
             os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")
         if tensorflow is True or (callable(tensorflow) and tensorflow(args)):
             import_tensorflow_quietly()
-        return run(args)
+        # long work (lowering, profiling, solving) says what it does on stderr
+        with verbose_logging(True):
+            return run(args)
 
     return handler
 

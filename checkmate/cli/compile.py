@@ -16,7 +16,7 @@ from checkmate.cli._common import (EXIT_INFEASIBLE, EXIT_OK, EXIT_SOLVER, comman
 __all__ = ["add_parser", "run", "exit_code", "DEFAULT_STRATEGIES"]
 
 # Compared when --strategy is not given: no recomputation, the classic heuristic, the optimum.
-DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
+DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "auto")
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--budget", required=True)
     p.add_argument("--strategy", default=None,
-                   help="one strategy, or a comma-separated list (default: checkpoint_all, chen_sqrtn, checkmate_milp)")
+                   help="one strategy, or a comma-separated list (default: checkpoint_all, chen_sqrtn, auto)")
     p.add_argument("--solver", default=None)
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
     p.add_argument("--level", choices=("layer", "op"), default="layer")
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     with stdout_to_stderr(args.json):
         built = zoo.build_model(args.model, args.batch_size, args.input_shape)
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
-                        gradient_nodes="auto", cost_model="profile", progress=False)
+                        gradient_nodes=True, cost_model="profile", progress=False)
         report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
                                     time_limit_s=args.time_limit, steps=args.steps)
     report["model"] = args.model
@@ -63,8 +63,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
     print(f"accounting: {report['accounting']}")
+    print(f"budget: {report['budget_reference']}")
     print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
-          f"{format_bytes(plain['predicted_peak_bytes'])}), {plain['step_seconds'] * 1e3:.1f} ms")
+          f"{format_bytes(plain['predicted_peak_bytes'])}, a budget of "
+          f"{format_bytes(plain['checkpoint_all_budget_bytes'])} with parameters and batch), "
+          f"{plain['step_seconds'] * 1e3:.1f} ms")
     if report["allocator_note"]:
         print(f"note: {report['allocator_note']}")
     header = (f"{'strategy':<22} {'pred. peak':>11} {'meas. peak':>11} {'meas/pred':>9} {'pred. ovh':>9} "
@@ -72,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
     print(header)
     for row in report["rows"]:
         if row["status"] == "infeasible":
-            print(f"{row['strategy']:<22} does not fit: needs {format_bytes(row['min_feasible_budget_bytes'])}")
+            need = row["min_feasible_budget_bytes"]
+            step_need = f" (step peak {format_bytes(need - report['resident_bytes'])})" if need is not None else ""
+            print(f"{row['strategy']:<22} does not fit: needs a budget of {format_bytes(need)}{step_need}")
             continue
         if row["status"] != "ok":
             print(f"{row['strategy']:<22} {row['status']}")

@@ -59,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             detail += f"; measured peak {format_bytes(r.measured['peak_memory_bytes'])}"
         elif r.measured:
             detail += f"; {r.measured.get('status')}"
+        if r.search_limit_reached:
+            detail += f"; memory did not bind up to the search limit {r.search_limit}: the maximum may be larger"
         print(f"  {r.strategy:<{width}}  max batch {r.max_batch_size:>6}{rel}{detail}")
     return EXIT_OK if fits else _nothing_fits(memory_bytes, results)
 

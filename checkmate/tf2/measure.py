@@ -20,7 +20,7 @@ from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import default_device, measure_step
-from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes
+from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes, resolve_budget_reported
 
 __all__ = ["max_gradient_difference", "time_step_s", "random_batch", "measure_plain", "compare_strategies",
            "allocator_note"]
@@ -112,7 +112,9 @@ def measure_plain(lowered: LoweredGraph, flat: Sequence[Any], *, steps: int = 3,
     fn = lowered.function
     return {"measured_peak_bytes": measure_step(fn, *flat, device=device or default_device()).peak_bytes,
             "step_seconds": time_step_s(fn, *flat, steps=steps),
-            "predicted_peak_bytes": checkpoint_all_peak(lowered.graph) - resident_bytes(lowered)}
+            "predicted_peak_bytes": checkpoint_all_peak(lowered.graph) - resident_bytes(lowered),
+            # the same figure as a budget (parameters and batch included): what checkpoint-all needs
+            "checkpoint_all_budget_bytes": checkpoint_all_peak(lowered.graph)}
 
 
 def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies: Sequence[str], budget: Any, *,
@@ -130,13 +132,15 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     resident = resident_bytes(lowered)
     if plain is None:
         plain = measure_plain(lowered, flat, steps=steps, device=device)
+    # one resolution for every strategy ("auto" reads the free memory once), reported with its reference
+    budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
     plain_peak = plain["measured_peak_bytes"]
     plain_time = plain["step_seconds"]
     rows = []
     for name in strategies:
         row: dict[str, Any] = {"strategy": name}
         try:
-            step = compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=name, solver=solver,
+            step = compile_lowered(lowered, model, loss, optimizer, budget=budget_bytes, strategy=name, solver=solver,
                                    time_limit_s=time_limit_s, device=device)
         except InfeasibleBudgetError as exc:
             row.update(status="infeasible", min_feasible_budget_bytes=exc.min_feasible_budget_bytes,
@@ -168,7 +172,7 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
         rows.append(row)
     return {"graph": lowered.graph.name, "level": lowered.level, "nodes": lowered.graph.n,
             "gradient_nodes": bool(lowered.metadata.get("gradient_nodes")), "accounting": accounting(lowered),
-            "device": device,
+            "device": device, "budget_bytes": budget_bytes, "budget_reference": reference,
             "resident_bytes": resident, "plain": plain, "rows": rows}
 
 

@@ -47,6 +47,8 @@ relaxation: 6 s compact, 170 s with gradient nodes).
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, Mapping
 
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
@@ -68,6 +70,8 @@ from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
 __all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops", "OpGraph", "OpInfo", "LEVELS",
            "COST_MODELS", "LOSS_LAYER", "AUTO_GRADIENT_NODES_MAX_NODES", "WORKSPACE_SPLIT_FRACTION"]
 
+_log = logging.getLogger("checkmate.tf2.lowering")
+
 LEVELS = ("op", "layer")
 COST_MODELS = ("flops", "profile")
 # gradient_nodes="auto" splits the parameter gradients into nodes of their own when the compact layer
@@ -79,7 +83,8 @@ AUTO_GRADIENT_NODES_MAX_NODES = 120
 
 def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
           gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
-          profile_options: Mapping[str, Any] | None = None, progress: bool = True) -> LoweredGraph:
+          profile_options: Mapping[str, Any] | None = None, progress: bool = True,
+          optimizer: Any = None) -> LoweredGraph:
     """Lower one training step of ``model`` to a :class:`LoweredGraph`.
 
     Parameters
@@ -104,6 +109,9 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         current device, cached on disk; see :mod:`checkmate.tf2.profiling`).
     profile_options:
         Keyword arguments for :func:`checkmate.tf2.profiling.profile_nodes` (repeats, warmup, cache_dir).
+    optimizer:
+        The optimizer the step will apply the gradients with: a ``LossScaleOptimizer`` scales the
+        differentiated loss (see :func:`~checkmate.tf2.lowering.trace.trace_step`).
     """
     if level not in LEVELS:
         raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
@@ -111,7 +119,9 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
     if gradient_nodes not in (True, False, "auto"):
         raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
-    traced = trace_step(model, loss, input_spec, label_spec)
+    started = time.perf_counter()
+    _log.info("lowering %s (%s level)", getattr(model, "name", "model"), level)
+    traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer)
     op_graph = OpGraph.of(traced)
     infos = classify_ops(traced, op_graph)
     warn: list[str] = []
@@ -142,7 +152,11 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         if split_nodes:
             graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, level, label,
                                                                  fixed, grads_resident)
+    if cost_model == "profile":
+        _log.info("profiling %d nodes", graph.n)
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
+    _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
+              time.perf_counter() - started)
     return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=level,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
                          parameter_and_batch_bytes=param_batch, grad_bytes=grad_bytes,

@@ -20,10 +20,10 @@ from typing import Any, Callable
 import numpy as np
 import tensorflow as tf
 
-from checkmate.errors import InvalidArgumentError
+from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2 import _compat
 
-__all__ = ["TracedStep", "trace_step", "training_loss"]
+__all__ = ["TracedStep", "trace_step", "training_loss", "check_not_distributed"]
 
 
 @dataclass
@@ -129,8 +129,36 @@ def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
     return value
 
 
-def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> TracedStep:
-    """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges."""
+def check_not_distributed(model: Any) -> None:
+    """Refuse a ``tf.distribute`` strategy (its scope, or a model whose variables it created).
+
+    The step is traced with one set of variable handles and scheduled for one device; a distributed
+    step needs one traced and generated function per replica, with the gradients all-reduced before
+    the update, which checkmate does not build yet. Refused before tracing, with what to do, rather
+    than failing inside it (``DistributedVariable.handle is not available outside the replica context``).
+    """
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    distributed = [v for v in getattr(model, "variables", ()) or ()
+                   if isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)]
+    if strategy is None and not distributed:
+        return
+    name = type(strategy).__name__ if strategy is not None else "a tf.distribute strategy"
+    raise UnsupportedOpError(
+        f"checkmate does not run under tf.distribute yet ({name}"
+        + (f"; {len(distributed)} of the model's variables are distributed" if distributed else "")
+        + "): a rematerialized step is traced and scheduled for one device's variables, and "
+          "replicated steps with all-reduced gradients are not generated. Build, compile and train the "
+          "model outside strategy.scope(), on one device")
+
+
+def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None) -> TracedStep:
+    """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges.
+
+    With an ``optimizer`` that scales the loss (``keras.optimizers.LossScaleOptimizer``), the gradients
+    are those of ``optimizer.scale_loss(loss)``, as in Keras' own ``train_step``: its
+    ``apply_gradients`` unscales them. The returned loss is the unscaled one.
+    """
+    check_not_distributed(model)
     input_spec = _as_specs(input_spec, "input_spec")
     label_spec = _as_specs(label_spec, "label_spec")
     if not getattr(model, "built", True):
@@ -145,6 +173,10 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
     if not variables:
         raise InvalidArgumentError("the model has no trainable variables: there is no gradient to lower")
     loss_fn = _resolve_loss(loss, model)
+    if optimizer is not None and hasattr(optimizer, "scale_loss") and not getattr(optimizer, "built", True):
+        # An unbuilt LossScaleOptimizer scales by its initial scale, a constant: the step would keep
+        # that scale when apply_gradients lowers its dynamic one after an overflow.
+        optimizer.build(list(variables))
     marks: dict[str, Any] = {}
     calls: list[tuple[str, int, int]] = []
 
@@ -154,8 +186,13 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any) -> Trace
             pred = model(x, training=True)
             marks["loss_start"] = _compat.current_graph_op_count()
             value = training_loss(model, loss_fn, y, pred)
+            scaled = value
+            if optimizer is not None and hasattr(optimizer, "scale_loss"):
+                # Keras' optimizers all have scale_loss: the identity but for LossScaleOptimizer, whose
+                # scale is a variable read in the step (float16 gradients that would underflow).
+                scaled = optimizer.scale_loss(value)
         marks["grad_start"] = _compat.current_graph_op_count()
-        grads = tape.gradient(value, list(variables))
+        grads = tape.gradient(scaled, list(variables))
         # A variable the loss does not use (an output head the loss ignores) gets a constant zero
         # gradient. Not through UnconnectedGradients.ZERO: TF 2.21 cannot build that zero for a Keras 3
         # variable, whose dtype is a string.

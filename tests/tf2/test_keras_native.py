@@ -1,0 +1,257 @@
+"""The Keras-native RematModel on a ConvNeXt-style CNN (depthwise convolution, LayerNormalization,
+GELU, residual blocks): fit/evaluate/predict, metrics, callbacks, save/load, sample and class weights,
+partial batches, loss scaling, and the refusal of a model with its own train_step."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import checkmate  # noqa: E402
+from checkmate.tf2 import _compat  # noqa: E402
+
+BATCH = 8
+SIZE = 16
+CLASSES = 10
+
+
+def convnext(seed: int = 0, dtype: str | None = None) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((SIZE, SIZE, 3))
+    h = keras.layers.Conv2D(16, 4, strides=4, name="stem", dtype=dtype)(inputs)
+    for k in range(2):
+        r = keras.layers.DepthwiseConv2D(7, padding="same", name=f"dw{k}", dtype=dtype)(h)
+        r = keras.layers.LayerNormalization(epsilon=1e-6, name=f"ln{k}", dtype=dtype)(r)
+        r = keras.layers.Dense(64, activation="gelu", name=f"pw{k}a", dtype=dtype)(r)
+        r = keras.layers.Dense(16, name=f"pw{k}b", dtype=dtype)(r)
+        h = keras.layers.Add(name=f"add{k}", dtype=dtype)([h, r])
+    h = keras.layers.GlobalAveragePooling2D(dtype=dtype)(h)
+    h = keras.layers.LayerNormalization(epsilon=1e-6, dtype=dtype)(h)
+    outputs = keras.layers.Dense(CLASSES, name="head", dtype="float32")(h)
+    return keras.Model(inputs, outputs, name="convnext")
+
+
+def data(n: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, SIZE, SIZE, 3)).astype("float32")
+    y = rng.integers(0, CLASSES, size=(n,)).astype("int32")
+    return x, y
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+OPTIONS = dict(budget="100%", strategy="checkpoint_all")
+
+
+def pair(**fit_kwargs):
+    """Train a plain Keras model and a RematModel of its twin the same way; return both histories."""
+    model, other = convnext(), convnext()
+    model.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS, metrics=["accuracy"], jit_compile=False)
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    trainer.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS, metrics=["accuracy"])
+    with _compat.grappler_disabled():
+        want = model.fit(epochs=1, shuffle=False, verbose=0, **fit_kwargs).history
+    got = trainer.fit(epochs=1, shuffle=False, verbose=0, **fit_kwargs).history
+    return model, other, trainer, want, got
+
+
+def assert_same_weights(model, other, rtol=1e-4, atol=1e-5):
+    for a, b in zip(model.variables, other.variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=rtol, atol=atol, err_msg=a.path)
+
+
+def test_fit_evaluate_predict_metrics_and_callbacks_as_keras(tmp_path):
+    x, y = data(4 * BATCH)
+    seen = []
+    callback = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: seen.append(sorted(logs)))
+    model, other, trainer, want, got = pair(x=x, y=y, batch_size=BATCH, validation_data=data(BATCH, seed=3),
+                                            callbacks=[callback])
+    assert set(got) == set(want) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    np.testing.assert_allclose(got["val_loss"], want["val_loss"], rtol=1e-4)
+    np.testing.assert_allclose(got["val_accuracy"], want["val_accuracy"])
+    assert seen == [sorted(got)] * 2      # the plain fit, then the rematerialized one
+    assert_same_weights(model, other)
+    np.testing.assert_allclose(trainer.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(trainer.evaluate(x, y, verbose=0), model.evaluate(x, y, verbose=0), rtol=1e-4)
+    assert trainer.compiled_step().strategy == "checkpoint_all"
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="loss_weights"):
+        trainer.compile(keras.optimizers.SGD(0.1), LOSS, loss_weights=[2.0])
+
+
+def test_save_load_weights_and_export(tmp_path):
+    x, y = data(2 * BATCH)
+    trainer = checkmate.tf2.RematModel(convnext(), **OPTIONS)
+    trainer.compile(keras.optimizers.SGD(0.05), LOSS, metrics=["accuracy"])
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    path = str(tmp_path / "t.keras")
+    trainer.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, checkmate.tf2.RematModel) and loaded.budget == "100%"
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), trainer.predict(x, verbose=0), rtol=1e-6)
+    # the loaded model compiles its step again at its first batch, and trains
+    history = loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0).history
+    assert np.isfinite(history["loss"][0]) and "accuracy" in history
+
+    weights = str(tmp_path / "t.weights.h5")
+    trainer.save_weights(weights)
+    fresh = checkmate.tf2.RematModel(convnext(seed=5), **OPTIONS)
+    fresh.load_weights(weights)
+    np.testing.assert_allclose(fresh.predict(x, verbose=0), trainer.predict(x, verbose=0), rtol=1e-6)
+    trainer.export(str(tmp_path / "exported"), verbose=False)
+    assert os.path.isdir(tmp_path / "exported")
+
+
+def test_partial_last_batch_sample_and_class_weights_as_keras():
+    x, y = data(3 * BATCH + 3)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)       # last batch: 3 rows
+    model, other, _, want, got = pair(x=dataset)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    assert_same_weights(model, other)
+
+    weights = np.linspace(0.2, 2.0, len(x)).astype("float32")
+    model, other, _, want, got = pair(x=x, y=y, batch_size=BATCH, sample_weight=weights)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    assert_same_weights(model, other)
+
+    class_weight = {c: 1.0 + c / 4 for c in range(CLASSES)}
+    model, other, _, want, got = pair(x=x, y=y, batch_size=BATCH, class_weight=class_weight)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    assert_same_weights(model, other)
+
+
+@pytest.mark.parametrize("explicit", [True, False])
+def test_mixed_float16_loss_scaling_follows_keras(explicit):
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = data(4 * BATCH)
+        model, other = convnext(), convnext()
+
+        def optimizer():
+            sgd = keras.optimizers.SGD(0.1)
+            return keras.optimizers.LossScaleOptimizer(sgd) if explicit else sgd
+
+        model.compile(optimizer(), LOSS, jit_compile=False)
+        trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+        trainer.compile(optimizer(), LOSS)
+        assert isinstance(trainer.optimizer, keras.optimizers.LossScaleOptimizer)
+        with _compat.grappler_disabled():
+            want = model.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0).history["loss"]
+        got = trainer.fit(x, y, batch_size=BATCH, epochs=5, shuffle=False, verbose=0).history["loss"]
+        assert want[-1] < 0.8 * want[0]                       # it learns: the gradients are unscaled
+        np.testing.assert_allclose(got, want, rtol=2e-2)      # float16 rounding, not a different curve
+        half = trainer.compiled_step().graph
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    # the plan counts the float16 activations at their size: about half the float32 model's bytes
+    step32 = checkmate.tf2.RematModel(convnext(), **OPTIONS)
+    step32.compile(keras.optimizers.SGD(0.1), LOSS)
+    step32.train_on_batch(x[:BATCH], y[:BATCH])
+    assert 0.4 < half.mem.sum() / step32.compiled_step().graph.mem.sum() < 0.7
+
+
+def test_compiled_step_with_loss_scale_optimizer_scales_the_loss():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = data(BATCH)
+        model = convnext()
+        # a scale under float16 overflow, so that every gradient can be compared
+        opt = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1), initial_scale=64.0)
+        step = checkmate.tf2.compile(model, LOSS, opt, tf.TensorSpec((BATCH, SIZE, SIZE, 3)),
+                                     tf.TensorSpec((BATCH,), tf.int32), **OPTIONS)
+        loss, grads = step.gradients(x, y)
+        plain = convnext()
+        with tf.GradientTape() as tape:
+            value = LOSS(y, plain(x, training=True))
+        want = tape.gradient(value, plain.trainable_variables)
+        scale = float(opt.dynamic_scale.numpy())  # built by the lowering, as Keras builds it
+        # the gradients are those of the scaled loss, which apply_gradients unscales
+        for g, w in zip(grads, want):
+            np.testing.assert_allclose(np.asarray(g, "float32") / scale, np.asarray(w, "float32"),
+                                       rtol=5e-2, atol=1e-3)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_a_model_with_its_own_train_step_is_refused():
+    class Custom(keras.Model):
+        def train_step(self, data):
+            return super().train_step(data)
+
+    inputs = keras.Input((SIZE, SIZE, 3))
+    outputs = keras.layers.Dense(CLASSES)(keras.layers.GlobalAveragePooling2D()(inputs))
+    model = Custom(inputs, outputs)
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="own train_step.*Custom.*call\\(\\)"):
+        checkmate.tf2.RematModel(model, **OPTIONS)
+    step = checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.1), tf.TensorSpec((BATCH, SIZE, SIZE, 3)),
+                                 tf.TensorSpec((BATCH,), tf.int32), **OPTIONS)
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="own train_step"):
+        step.keras_model()
+
+
+def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_batch(tmp_path):
+    x, y = data(2 * BATCH)
+    model = convnext()
+    step = checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.05), tf.TensorSpec((BATCH, SIZE, SIZE, 3)),
+                                 tf.TensorSpec((BATCH,), tf.int32), **OPTIONS)
+    trainer = step.keras_model()
+    trainer.compile(metrics=["accuracy"])
+    history = trainer.fit(x, y, epochs=1, verbose=0).history
+    assert set(history) == {"loss", "accuracy"}
+    trainer.save_weights(str(tmp_path / "w.weights.h5"))
+    trainer.export(str(tmp_path / "exported"), verbose=False)
+    trainer.save(str(tmp_path / "t.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "t.keras"))
+    assert isinstance(loaded, checkmate.tf2.RematModel) and loaded.native
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
+    with pytest.raises(checkmate.errors.InvalidArgumentError, match="sample weights.*RematModel\\(model"):
+        trainer.fit(x, y, sample_weight=np.ones(len(x)), epochs=1, verbose=0)
+    short = tf.data.Dataset.from_tensor_slices(data(BATCH + 3)).batch(BATCH)
+    with pytest.raises(Exception, match="compiled for batches of 8.*RematModel\\(model"):
+        trainer.fit(short, epochs=1, verbose=0, shuffle=False)
+
+
+def test_resolved_budgets_are_reported_with_their_reference(capfd):
+    specs = (tf.TensorSpec((BATCH, SIZE, SIZE, 3)), tf.TensorSpec((BATCH,), tf.int32))
+    capfd.readouterr()
+    checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="100%",
+                          strategy="checkpoint_all")
+    assert "checkmate:" not in capfd.readouterr().err          # library calls are silent by default
+    step = checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="100%",
+                                 strategy="checkpoint_all", verbose=True)
+    err = capfd.readouterr().err
+    for fragment in ("checkmate: lowering convnext", "checkmate: lowered", "checkmate: budget 100% of checkpoint-all",
+                     "checkmate: solving", "checkmate: solved in"):
+        assert fragment in err, err
+    peak = checkmate.solvers.checkpoint_all_peak(step.graph)
+    assert step.predicted.budget_bytes == peak
+    assert f"100% of checkpoint-all's peak {checkmate.solvers.format_bytes(peak)}" in step.summary()
+    assert f"({peak} bytes)" in step.summary()
+    step = checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="auto",
+                                 strategy="checkpoint_all")
+    assert "auto: " in step.budget_reference and " free on " in step.budget_reference
+    assert f"({step.predicted.budget_bytes} bytes)" in step.summary()
+
+
+def test_a_distribution_strategy_is_refused_with_its_limitation(request):
+    from isolation import ran_in_fresh_process
+
+    if ran_in_fresh_process(request):      # logical devices are configured once per process
+        return
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    specs = (tf.TensorSpec((BATCH, SIZE, SIZE, 3)), tf.TensorSpec((BATCH,), tf.int32))
+    with strategy.scope():
+        model = convnext()
+        with pytest.raises(checkmate.errors.UnsupportedOpError, match="tf.distribute.*MirroredStrategy.*outside"):
+            checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.1), *specs, **OPTIONS)
+        with pytest.raises(checkmate.errors.UnsupportedOpError, match="tf.distribute"):
+            checkmate.tf2.RematModel(model, **OPTIONS)
+    # variables created under the strategy are refused outside its scope too
+    with pytest.raises(checkmate.errors.UnsupportedOpError, match="variables are distributed"):
+        checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.1), *specs, **OPTIONS)
