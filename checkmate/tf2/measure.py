@@ -137,10 +137,13 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     plain_peak = plain["measured_peak_bytes"]
     plain_time = plain["step_seconds"]
     rows = []
+    # a percentage is passed on as such (it is planned as given); anything else as its resolved bytes,
+    # so that "auto" is read from the device once for every strategy
+    per_strategy = budget if isinstance(budget, str) and budget.strip().endswith("%") else budget_bytes
     for name in strategies:
         row: dict[str, Any] = {"strategy": name}
         try:
-            step = compile_lowered(lowered, model, loss, optimizer, budget=budget_bytes, strategy=name, solver=solver,
+            step = compile_lowered(lowered, model, loss, optimizer, budget=per_strategy, strategy=name, solver=solver,
                                    time_limit_s=time_limit_s, device=device)
         except InfeasibleBudgetError as exc:
             row.update(status="infeasible", min_feasible_budget_bytes=exc.min_feasible_budget_bytes,
