@@ -28,7 +28,7 @@ from checkmate.simulate import simulate
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, get_backend
 from checkmate.solvers.formulation import CheckmateFormulation, build_formulation, max_strict_descendant
 from checkmate.solvers.registry import baseline_specs
-from checkmate.solvers.types import SolveOptions, StrategyOutput
+from checkmate.solvers.types import PROVEN_MIP_GAP, SolveOptions, StrategyOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -207,6 +207,45 @@ def _tolerance_bytes(graph: "Graph", budget_bytes: int) -> int:
     return max(1, math.ceil(1e-6 * max(budget_bytes - int(graph.fixed_mem), 0)))
 
 
+def _proven_bound(form: CheckmateFormulation, bound: float | None) -> float | None:
+    """A proven lower bound in cost units, raised to the next attainable cost when costs are integral."""
+    if bound is None:
+        return None
+    scale = form.model.objective_scale
+    return form.model.rounded_bound(bound / scale) * scale
+
+
+def _relative_gap(cost: float, bound: float | None) -> float | None:
+    if bound is None:
+        return None
+    return max(cost - bound, 0.0) / cost if cost > 0 else 0.0
+
+
+def _is_proven(gap: float | None) -> bool:
+    """Whether a relative gap (to the rounded bound) proves optimality at the solvers' tolerance."""
+    return gap is not None and gap <= PROVEN_MIP_GAP + 1e-12
+
+
+def _gap_words(gap: float) -> str:
+    """How far from the optimum a schedule may be (a gap above 1e-4 never prints as 0.00%)."""
+    return f"within {gap:.2%}"
+
+
+def _verdict_status(gap: float | None, res, proven_by_lp: bool) -> str:
+    """The status of a MILP result: ``optimal`` exactly when the flag is set, else how far off it may be."""
+    if _is_proven(gap):
+        status = "optimal" if gap <= 1e-9 else f"optimal at the solver's tolerance (gap {gap:.3%})"
+        return status + (" (proven by the LP bound)" if proven_by_lp else "")
+    within = "no proven bound" if gap is None else f"{_gap_words(gap)} of the optimum"
+    if res is not None and res.status in (FEASIBLE, NO_SOLUTION):
+        return f"time limit, {within}"
+    if res is None:
+        return within + (" (LP bound)" if gap is not None else "")
+    if res.status == OPTIMAL:
+        return f"{within} (the requested mip_gap)"
+    return f"{res.message}, {within}"
+
+
 # ---------------------------------------------------------------------------------- strategies
 def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
     """(best fitting candidate or None, proven bound or None, last backend result or None).
@@ -233,24 +272,22 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
                                   f"schedule fits ({pool[0].peak_bytes} <= {budget_bytes} bytes); try another solver")
             raise _ProvenInfeasible(f"even the LP relaxation is infeasible ({label})")
         if lp.status == OPTIMAL and lp.x is not None:
-            bound = lp.objective * form.model.objective_scale
+            bound = _proven_bound(form, lp.objective * form.model.objective_scale)
             pool += round_relaxation(graph, form, lp.x, budget_bytes, seed=options.seed, deadline=deadline)
 
-    def gap_of(cand, lower):
-        if cand is None or lower is None:
-            return None
-        return max(cand.cost - lower, 0.0) / cand.cost if cand.cost > 0 else 0.0
+    def solved(cand, lower):
+        """Within the requested gap, or proven optimal (a gap below one cost step)."""
+        gap = None if cand is None else _relative_gap(cand.cost, lower)
+        return gap is not None and (gap <= options.mip_gap + 1e-12 or _is_proven(gap))
 
     res = None
     best = min(pool, key=lambda c: c.cost) if pool else None
-    gap = gap_of(best, bound)
-    if best is not None and (gap is None or gap > options.mip_gap + 1e-9) and options.milp.improve_start:
+    if best is not None and not solved(best, bound) and options.milp.improve_start:
         remaining = _remaining(deadline)
         budget_s = _IMPROVE_TIME_S if remaining is None else min(_IMPROVE_TIME_S, _IMPROVE_FRACTION * remaining)
         best = improve_by_holding(graph, best, budget_bytes, deadline=time.perf_counter() + budget_s)
         pool.append(best)
-        gap = gap_of(best, bound)
-    if gap is None or gap > options.mip_gap + 1e-9:
+    if not solved(best, bound):
         x0 = None
         if best is not None and backend.supports_mip_start:
             x0 = form.encode(best.schedule.recompute, best.schedule.retain)
@@ -281,7 +318,7 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
         if not pool and res.status != NO_SOLUTION:
             raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
         if res.bound is not None:
-            mip_bound = res.bound * form.model.objective_scale
+            mip_bound = _proven_bound(form, res.bound * form.model.objective_scale)
             bound = mip_bound if bound is None else max(bound, mip_bound)
         best = min(pool, key=lambda c: c.cost) if pool else None
     return best, bound, res
@@ -294,8 +331,12 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     rounding (:func:`round_relaxation`) usually an incumbent within the gap already, in which case the
     LP bound proves it and no branch and bound is needed. Otherwise the MILP runs for the remaining
     time, seeded with the best incumbent as a MIP start (where the backend takes one); the incumbent
-    is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
-    returned schedule is within ``options.mip_gap`` of a proven bound.
+    is kept as the answer if the solver finds nothing better in time. The solver stops at the relative
+    gap ``options.mip_gap`` (default 1e-4) or, with integral costs, once the gap is below their gcd.
+    ``optimal`` is set only when the returned schedule is proven optimal at the solvers' tolerance: a
+    relative gap of at most 1e-4 to the proven bound, the bound first raised to the next attainable
+    cost when costs are integral (so a gap below one cost step proves the exact optimum). A looser
+    result says ``within X% of the optimum`` in its status.
 
     ``options.milp`` (:class:`~checkmate.solvers.types.MilpOptions`): ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
     ``exact_free=True`` builds the model with the exact FREE definition; ``flow_rows=False`` leaves out
@@ -323,16 +364,9 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
                           f"{budget_bytes} bytes; raise time_limit_s or the budget")
     if bound is not None:
         bound = min(bound, best.cost)
-    gap = None if bound is None else (best.cost - bound) / best.cost if best.cost > 0 else 0.0
-    optimal = gap is not None and gap <= options.mip_gap + 1e-9
-    if optimal:
-        status = "optimal" if gap <= 1e-9 else f"optimal within {gap:.2%}"
-        if res is None:
-            status += " (proven by the LP bound)"
-    elif res is not None and res.status in (FEASIBLE, NO_SOLUTION):
-        status = "time limit" + (f", gap {gap:.2%}" if gap is not None else "")
-    else:
-        status = (res.message if res is not None else "LP relaxation") + (f", gap {gap:.2%}" if gap is not None else "")
+    gap = _relative_gap(best.cost, bound)
+    optimal = _is_proven(gap)
+    status = _verdict_status(gap, res, proven_by_lp=res is None)
     if best.source != label:
         status += f" (schedule from {best.source})"
     return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal, status=status, solver=label)
@@ -495,7 +529,9 @@ def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: SolveOptio
         raise SolverError(f"no rounding of the LP relaxation fits {budget_bytes} bytes; "
                           "use checkmate_milp for this budget")
     best = min(found, key=lambda c: c.cost)
-    bound = min(bound, best.cost)
-    gap = (best.cost - bound) / best.cost if best.cost > 0 else 0.0
-    return StrategyOutput(best.schedule, lower_bound=bound, optimal=gap <= options.mip_gap + 1e-9,
-                          status=f"LP rounding ({best.source}), gap {gap:.2%}", solver=label)
+    bound = min(_proven_bound(form, bound), best.cost)
+    gap = _relative_gap(best.cost, bound)
+    optimal = _is_proven(gap)
+    verdict = "optimal" if optimal else f"{_gap_words(gap)} of the optimum"
+    return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal,
+                          status=f"{verdict} (LP rounding, {best.source})", solver=label)

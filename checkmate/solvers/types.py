@@ -17,7 +17,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["MilpOptions", "SolveOptions", "StrategyOutput", "StrategyKind", "StrategySpec",
-           "option_names"]
+           "option_names", "PROVEN_MIP_GAP"]
+
+# The relative gap at which a MILP counts as solved and ``optimal`` is claimed: the default of HiGHS,
+# Gurobi and SCIP, i.e. proven at the solver's own tolerance. (With integral costs an absolute gap
+# below their gcd also proves the optimum: see SparseModel.proof_abs_gap.)
+PROVEN_MIP_GAP = 1e-4
 
 
 @dataclass(frozen=True)
@@ -41,7 +46,7 @@ class SolveOptions:
 
     solver: str | None = None          # backend name for MILP/LP strategies ("cvxpy", "gurobi", ...)
     time_limit_s: float | None = None
-    mip_gap: float = 0.005             # relative gap at which a MILP counts as solved (0.5%)
+    mip_gap: float = PROVEN_MIP_GAP    # relative gap at which the solver may stop (looser: not optimal)
     threads: int | None = None
     verbose: bool = False
     seed: int = 0
