@@ -171,15 +171,6 @@ class SparseModel:
         gap = self.objective_granularity - self.objective_tolerance
         return gap if gap > 0 else None
 
-    def rounded_bound(self, bound: float) -> float:
-        """A proven bound (model units) raised to the next attainable objective value: with integral
-        costs no schedule costs less than the bound rounded up to a multiple of their gcd."""
-        if self.proof_abs_gap is None:
-            return bound
-        step = float(self.objective_granularity)
-        steps = math.ceil((bound - self.offset - self.objective_tolerance) / step)
-        return max(bound, self.offset + steps * step)
-
 
 def cost_granularity(cost: np.ndarray) -> float | None:
     """The step between attainable schedule costs when the node costs share one: their gcd when they

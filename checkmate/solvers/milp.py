@@ -26,9 +26,11 @@ from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import simulate
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, get_backend
-from checkmate.solvers.formulation import CheckmateFormulation, build_formulation, max_strict_descendant
+from checkmate.solvers.formulation import (CheckmateFormulation, build_formulation, cost_granularity,
+                                           max_strict_descendant)
 from checkmate.solvers.registry import baseline_specs
-from checkmate.solvers.types import PROVEN_MIP_GAP, SolveOptions, StrategyOutput
+from checkmate.solvers.types import (SolveOptions, StrategyOutput, is_proven_optimal, relative_gap,
+                                    within_words)
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -208,35 +210,29 @@ def _tolerance_bytes(graph: "Graph", budget_bytes: int) -> int:
 
 
 def _proven_bound(form: CheckmateFormulation, bound: float | None) -> float | None:
-    """A proven lower bound in cost units, raised to the next attainable cost when costs are integral."""
+    """A proven lower bound in cost units, raised to the next attainable cost when the costs share a
+    step (every schedule's cost is then a multiple of it: see ``cost_granularity``)."""
+    if bound is None or form.model.proof_abs_gap is None:
+        return bound
+    step = cost_granularity(form.graph.cost)
+    tolerance = form.model.objective_tolerance * form.model.objective_scale
+    # whole steps in cost units: exact for integral steps, where model units would leave 38.99999...
+    return max(bound, step * math.ceil((bound - tolerance) / step))
+
+
+def _bound_below(cost: float, bound: float | None) -> float | None:
+    """The bound capped at the schedule's cost, and equal to it when the two differ only by rounding."""
     if bound is None:
         return None
-    scale = form.model.objective_scale
-    return form.model.rounded_bound(bound / scale) * scale
-
-
-def _relative_gap(cost: float, bound: float | None) -> float | None:
-    if bound is None:
-        return None
-    return max(cost - bound, 0.0) / cost if cost > 0 else 0.0
-
-
-def _is_proven(gap: float | None) -> bool:
-    """Whether a relative gap (to the rounded bound) proves optimality at the solvers' tolerance."""
-    return gap is not None and gap <= PROVEN_MIP_GAP + 1e-12
-
-
-def _gap_words(gap: float) -> str:
-    """How far from the optimum a schedule may be (a gap above 1e-4 never prints as 0.00%)."""
-    return f"within {gap:.2%}"
+    return cost if bound >= cost - 1e-12 * abs(cost) else bound
 
 
 def _verdict_status(gap: float | None, res, proven_by_lp: bool) -> str:
     """The status of a MILP result: ``optimal`` exactly when the flag is set, else how far off it may be."""
-    if _is_proven(gap):
+    if is_proven_optimal(gap):
         status = "optimal" if gap <= 1e-9 else f"optimal at the solver's tolerance (gap {gap:.3%})"
         return status + (" (proven by the LP bound)" if proven_by_lp else "")
-    within = "no proven bound" if gap is None else f"{_gap_words(gap)} of the optimum"
+    within = "no proven bound" if gap is None else within_words(gap)
     if res is not None and res.status in (FEASIBLE, NO_SOLUTION):
         return f"time limit, {within}"
     if res is None:
@@ -277,8 +273,8 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
 
     def solved(cand, lower):
         """Within the requested gap, or proven optimal (a gap below one cost step)."""
-        gap = None if cand is None else _relative_gap(cand.cost, lower)
-        return gap is not None and (gap <= options.mip_gap + 1e-12 or _is_proven(gap))
+        gap = None if cand is None else relative_gap(cand.cost, lower)
+        return gap is not None and (gap <= options.mip_gap + 1e-12 or is_proven_optimal(gap))
 
     res = None
     best = min(pool, key=lambda c: c.cost) if pool else None
@@ -362,10 +358,9 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     if best is None:
         raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
                           f"{budget_bytes} bytes; raise time_limit_s or the budget")
-    if bound is not None:
-        bound = min(bound, best.cost)
-    gap = _relative_gap(best.cost, bound)
-    optimal = _is_proven(gap)
+    bound = _bound_below(best.cost, bound)
+    gap = relative_gap(best.cost, bound)
+    optimal = is_proven_optimal(gap)
     status = _verdict_status(gap, res, proven_by_lp=res is None)
     if best.source != label:
         status += f" (schedule from {best.source})"
@@ -391,10 +386,17 @@ def _solve_relaxation(graph: "Graph", budget_bytes: int, options: SolveOptions, 
 
 
 def lower_bound_lp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
-    """The LP relaxation's optimum: no schedule within the budget costs less."""
+    """The LP relaxation's optimum: no schedule within the budget costs less. When the node costs
+    share a step (integers, or decimals with few places), the bound is raised to the next multiple
+    of it that a schedule can cost, as the MILP's bounds are."""
     form, res, label, _ = _solve_relaxation(graph, budget_bytes, options, "lower_bound_lp")
-    return StrategyOutput(None, lower_bound=res.objective * form.model.objective_scale, optimal=False,
-                          status="LP relaxation solved", solver=label)
+    raw = res.objective * form.model.objective_scale
+    bound = _proven_bound(form, raw)
+    status = "LP relaxation solved"
+    if bound > raw:
+        step = form.model.objective_granularity * form.model.objective_scale
+        status += f" (its optimum {raw:.6g} raised to the next multiple of the cost step {step:.6g})"
+    return StrategyOutput(None, lower_bound=bound, optimal=False, status=status, solver=label)
 
 
 def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
@@ -529,9 +531,9 @@ def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: SolveOptio
         raise SolverError(f"no rounding of the LP relaxation fits {budget_bytes} bytes; "
                           "use checkmate_milp for this budget")
     best = min(found, key=lambda c: c.cost)
-    bound = min(_proven_bound(form, bound), best.cost)
-    gap = _relative_gap(best.cost, bound)
-    optimal = _is_proven(gap)
-    verdict = "optimal" if optimal else f"{_gap_words(gap)} of the optimum"
+    bound = _bound_below(best.cost, _proven_bound(form, bound))
+    gap = relative_gap(best.cost, bound)
+    optimal = is_proven_optimal(gap)
+    verdict = "optimal" if optimal else within_words(gap)
     return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal,
                           status=f"{verdict} (LP rounding, {best.source})", solver=label)
