@@ -21,7 +21,8 @@ from checkmate.budgets import format_bytes, parse_budget
 from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.simulate import validate_schedule
 from checkmate.solvers.registry import STRATEGIES, check_solver_name, get_strategy, make_options, strategy_names
-from checkmate.solvers.types import MilpOptions, SolveOptions, StrategyKind, StrategyOutput, StrategySpec
+from checkmate.solvers.types import (DEFAULT_TIME_LIMIT_S, MilpOptions, SolveOptions, StrategyKind, StrategyOutput,
+                                     StrategySpec)
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -84,9 +85,13 @@ class SolveResult:
         }
 
 
-def solve(graph: "Graph", budget: Any, strategy: str = "checkmate_milp", solver: str | None = None,
+def solve(graph: "Graph", budget: Any, strategy: str = "auto", solver: str | None = None,
           time_limit_s: float | None = None, **options: Any) -> SolveResult:
     """Find a schedule for ``graph`` within ``budget`` using ``strategy``.
+
+    ``strategy="auto"`` (the default) is the exact MILP on small graphs and the hierarchical strategy
+    on large ones, never worse than the best classic baseline. ``time_limit_s=None`` means
+    :data:`~checkmate.solvers.types.DEFAULT_TIME_LIMIT_S` (ten minutes), never "without end".
 
     ``options`` are the fields of :class:`SolveOptions` (``mip_gap``, ``threads``, ``verbose``,
     ``seed``) and of :class:`MilpOptions` (read by the MILP and LP strategies); any other name raises
@@ -98,6 +103,8 @@ def solve(graph: "Graph", budget: Any, strategy: str = "checkmate_milp", solver:
     spec = get_strategy(strategy)
     check_solver_name(solver)
     budget_bytes = parse_budget(budget, graph)
+    if time_limit_s is None:
+        time_limit_s = DEFAULT_TIME_LIMIT_S
     opts = make_options(solver, time_limit_s, **options)
     start = time.perf_counter()
     out = spec.fn(graph, budget_bytes, opts)
