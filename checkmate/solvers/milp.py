@@ -103,22 +103,6 @@ def _baseline_candidates(graph: "Graph", budget_bytes: int, options: SolveOption
     return out
 
 
-def _hierarchical_candidate(graph: "Graph", budget_bytes: int, deadline: float | None) -> list[_Candidate]:
-    """The hierarchical strategy's schedule (blocks solved apart, joined by dynamic programming), as
-    an incumbent: near-optimal where memory binds everywhere, where the baselines are far off."""
-    # imported here: the hierarchical module imports this one (for its LP bound)
-    from checkmate.solvers.hierarchical import hierarchical_schedule
-
-    remaining = _remaining(deadline)
-    limit_s = _IMPROVE_TIME_S if remaining is None else min(_IMPROVE_TIME_S, _IMPROVE_FRACTION * remaining)
-    try:
-        schedule, _, _ = hierarchical_schedule(graph, budget_bytes, deadline=time.perf_counter() + limit_s)
-    except CheckmateError:
-        return []
-    cand = _evaluate(graph, schedule, "hierarchical")
-    return [cand] if cand is not None and cand.peak_bytes <= budget_bytes else []
-
-
 # ---------------------------------------------------------------------------------- options
 def _deadline(options: SolveOptions) -> float | None:
     return None if options.time_limit_s is None else time.perf_counter() + float(options.time_limit_s)
@@ -272,8 +256,6 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
         raise _ProvenInfeasible("some node's inputs and output alone exceed it")
     form = _build(graph, budget_bytes, options, backend)
     pool = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
-    if options.milp.hierarchical_start:
-        pool += _hierarchical_candidate(graph, budget_bytes, deadline)
     bound = None
     # A backend without LPs (CP-SAT) gets its bound and first incumbents from HiGHS' LP on the same model.
     lp_backend = backend if backend.lp_capable else get_backend("highs")

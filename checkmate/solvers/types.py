@@ -61,7 +61,6 @@ class MilpOptions:
     residency_rows: bool = True        # the residency rows (knapsacks over the holds)
     working_set_fraction: float | None = None  # which positions get a residency row (None: the default)
     improve_start: bool = True         # local search on the MIP start
-    hierarchical_start: bool = False   # the hierarchical strategy's schedule as one more incumbent
 
 
 @dataclass(frozen=True)
