@@ -167,13 +167,62 @@ def section_solve_time(folder: Path) -> str:
         return "\n".join(out)
     out.append(_meta(folder, "solve_time"))
     for path in files:
+        if path.name == TIGHT_CSV:
+            continue
         rows = [_format_solve_row(r) for r in read_csv(path)]
         if rows:
             out.append(f"`{path.name}`:\n")
             out.append(markdown_table(rows, [(k, k) for k in rows[0].keys()]) + "\n")
     for png in sorted(folder.glob("solve_time*.png")):
         out.append(f"![solve time]({png.name})\n")
+    out.append(section_tight_budgets(folder))
     return "\n".join(out)
+
+
+TIGHT_CSV = "solve_time_tight.csv"
+# What each variant of the tight-budget comparison is, and what its measurement showed.
+TIGHT_VARIANTS = {
+    "checkmate_milp [highs]": "the exact MILP as shipped (HiGHS, relative gap 1e-4, absolute gap below the cost step)",
+    "checkmate_milp [highs] hierarchical_start=true": "the same, with the hierarchical strategy's schedule as one more incumbent",
+    "checkmate_milp [ortools/CP-SAT]": "the same model on CP-SAT (constraint programming), HiGHS' LP for the bound and roundings",
+    "checkmate_milp [highs] mip_gap=0.005": "the former default: stop at a 0.5% gap (not proven optimal)",
+}
+
+
+def _variant(row: dict) -> str:
+    options = (row.get("options") or "").strip()
+    return f"{row['strategy']} [{row['solver']}]" + (f" {options}" if options else "")
+
+
+def section_tight_budgets(folder: Path) -> str:
+    """Exact solves at loose and tight budgets, per variant: seconds, and whether proven optimal."""
+    path = folder / TIGHT_CSV
+    out = ["### Tight budgets: what was tried\n",
+           "The exact MILP at 90% and 80% of the checkpoint-all peak and at 1.1x and 1.02x the minimum "
+           "feasible budget (synthetic paper-shaped graphs, 120 s per solve, 2 threads), with each idea for "
+           "making tight budgets as fast as loose ones (`experiments/solve_time.py --options ...`). Cells: "
+           "solve seconds, then `opt` when proven optimal.\n"]
+    if not path.exists():
+        out.append(_missing("python experiments/solve_time.py --no-keras --only vgg16,unet,fcn8,segnet "
+                            "--budgets 0.9,0.8,1.1min,1.02min --out results/solve_time_tight.csv"))
+        return "\n".join(out)
+    rows = read_csv(path)
+    variants = list(dict.fromkeys(_variant(r) for r in rows))
+    out.append("\n".join(f"* `{v}`: {TIGHT_VARIANTS.get(v, 'see the options')}" for v in variants) + "\n")
+    cells: dict[tuple[str, str], dict] = {}
+    for r in rows:
+        key = (r["graph"], r["budget"])
+        seconds = fmt_seconds(r["seconds"]) if r.get("seconds") not in (None, "", "nan") else "–"
+        proven = str(r.get("optimal")) == "True"
+        cells.setdefault(key, {"graph": r["graph"], "budget": r["budget"]})[_variant(r)] = (
+            f"{seconds} s" + (" opt" if proven else ""))
+    out.append(markdown_table(cells.values(), [("graph", "graph"), ("budget", "budget")]
+                              + [(v, v) for v in variants]) + "\n")
+    out.append(TIGHT_FINDINGS)
+    return "\n".join(out)
+
+
+TIGHT_FINDINGS = ""
 
 
 def section_deep_resnet(folder: Path) -> str:
