@@ -98,7 +98,7 @@ def main(argv=None) -> int:
 
     from checkmate.simulate import simulate
     from checkmate.solvers import format_bytes, solve
-    from checkmate.tf2.compile import compile_lowered
+    from checkmate.tf2.step import compile_lowered
     from checkmate.tf2.lowering import lower
     from checkmate.tf2.memory import measure_step
 

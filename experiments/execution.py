@@ -90,16 +90,15 @@ def model_list(text: str):
 
 
 def run(args) -> list[dict]:
-    import importlib
-
     import tensorflow as tf  # noqa: F401  (after the allocator setting above)
 
     from checkmate.solvers import checkpoint_all_peak
     from checkmate.tf2 import zoo
     from checkmate.tf2.lowering import lower
+    from checkmate.tf2.measure import compare_strategies, measure_plain, random_batch
     from checkmate.tf2.memory import default_device
+    from checkmate.tf2.step import resident_bytes
 
-    compile_module = importlib.import_module("checkmate.tf2.compile")
     device = default_device()
     allocator = "bfc" if device.startswith("GPU") or os.environ.get("TF_CPU_ALLOCATOR_USE_BFC") == "true" else "default"
     strategies = [s for s in args.strategies.split(",") if s]
@@ -111,16 +110,16 @@ def run(args) -> list[dict]:
         gradient_nodes = {"auto": "auto", "yes": True, "no": False}[args.gradient_nodes]
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
                         cost_model=args.cost_model, gradient_nodes=gradient_nodes, progress=False)
-        x, y = compile_module.random_batch(lowered, built.model)
-        plain = compile_module.measure_plain(lowered, x + y, steps=args.steps, device=device)
-        resident = compile_module._resident_bytes(lowered)
+        x, y = random_batch(lowered, built.model)
+        plain = measure_plain(lowered, x + y, steps=args.steps, device=device)
+        resident = resident_bytes(lowered)
         ca = checkpoint_all_peak(lowered.graph)
         print(f"{name} batch {batch} {shape}: {lowered.graph.n} nodes, plain step peak "
               f"{plain['measured_peak_bytes'] / 2**20:.1f} MiB (predicted {plain['predicted_peak_bytes'] / 2**20:.1f}),"
               f" {plain['step_seconds'] * 1e3:.1f} ms", flush=True)
         for fraction in fractions:
             budget = int(resident + fraction * (ca - resident))
-            report = compile_module.compare_strategies(
+            report = compare_strategies(
                 lowered, built.model, built.loss, strategies, budget, time_limit_s=args.time_limit,
                 steps=args.steps, plain=plain)
             for r in report["rows"]:

@@ -25,7 +25,6 @@ measuring its peak memory.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,16 +35,16 @@ import numpy as np
 from checkmate.analysis.models import extract_graph
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, InvalidGraphError, SolverError
 from checkmate.graph import Graph, Node
-from checkmate.solvers import format_bytes, get_strategy, parse_budget, solve
+from checkmate.solvers import get_strategy, solve
 
 __all__ = ["BatchProbe", "MaxBatchResult", "BatchGraphFamily", "forward_cost", "cost_limit", "probe_batch",
-           "max_batch_size", "max_batch_sizes", "DEFAULT_STRATEGIES", "cli_max_batch"]
+           "max_batch_size", "max_batch_sizes", "DEFAULT_STRATEGIES"]
 
 # The paper's four contenders.
 DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "checkmate_milp")
 # Relative slack on the cost bound for float sums taken in different orders.
 _COST_RTOL = 1e-9
-# CLI defaults for MILP probes (see cli_max_batch).
+# CLI defaults for MILP probes (see checkmate.cli.max_batch).
 DEFAULT_PROBE_TIME_LIMIT_S = 120.0
 PROBE_MIP_GAP = 0.02
 # Upper end of the doubling search: beyond any batch size a single device holds for these models.
@@ -302,37 +301,3 @@ def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, inpu
                                      time_limit_s=time_limit_s)
     except Exception as exc:  # a failed confirmation is reported, not fatal to the search
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}
-
-
-# ------------------------------------------------------------------------------------ CLI
-def cli_max_batch(args) -> int:
-    import sys
-
-    memory_bytes = parse_budget(args.memory)
-    if "%" in str(args.memory):
-        raise InvalidArgumentError("--memory must be an absolute size (bytes, 2GiB, 16GB), not a percentage")
-    strategies = args.strategies or list(DEFAULT_STRATEGIES)
-    for s in strategies:
-        get_strategy(s)
-    # A probe only has to show that some schedule meets both limits, not to prove it optimal: a loose
-    # gap and a per-solve time limit keep a search of ~10 MILP probes to minutes.
-    time_limit = args.time_limit if args.time_limit is not None else DEFAULT_PROBE_TIME_LIMIT_S
-    results = search_model(args.model, memory_bytes, strategies, input_shape=args.input_shape,
-                           time_limit_s=time_limit, progress=sys.stderr.isatty(), mip_gap=PROBE_MIP_GAP)
-    if args.json:
-        print(json.dumps([r.to_json_dict() for r in results]))
-        return 0
-    print(f"model {args.model}: memory limit {format_bytes(memory_bytes)}; at most one extra forward pass")
-    base = next((r.max_batch_size for r in results if r.strategy == "checkpoint_all"), None)
-    width = max(len(r.strategy) for r in results)
-    for r in results:
-        rel = f"  ({r.max_batch_size / base:.2f}x checkpoint-all)" if base else ""
-        detail = ""
-        if r.final is not None:
-            detail = f"  peak {format_bytes(r.final.peak_memory_bytes)}, overhead {r.final.overhead:.3f}x"
-        if r.measured and "peak_memory_bytes" in r.measured:
-            detail += f"; measured peak {format_bytes(r.measured['peak_memory_bytes'])}"
-        elif r.measured:
-            detail += f"; {r.measured.get('status')}"
-        print(f"  {r.strategy:<{width}}  max batch {r.max_batch_size:>6}{rel}{detail}")
-    return 0

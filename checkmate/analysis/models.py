@@ -69,7 +69,7 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
 
     import keras
 
-    from checkmate.tf2.compile import compile_lowered
+    from checkmate.tf2.step import compile_lowered
     from checkmate.tf2.memory import measure_step
 
     built, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level,

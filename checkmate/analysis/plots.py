@@ -14,15 +14,13 @@ from typing import Sequence
 import numpy as np
 
 from checkmate.analysis.sweep_data import SweepResult, SweepRow
-from checkmate.budgets import format_bytes
-from checkmate.errors import InvalidArgumentError, InvalidScheduleError
-from checkmate.graph import Graph, load_graph
-from checkmate.schedule import Schedule, load_schedule
+from checkmate.errors import InvalidArgumentError
+from checkmate.graph import Graph
+from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 from checkmate.solvers.registry import STRATEGIES
 
-__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label",
-           "cli_plot"]
+__all__ = ["plot_budget_sweep", "plot_schedule", "plot_max_batch", "byte_unit", "pyplot", "save_figure", "label"]
 
 # Display names and a stable colour/marker per strategy, so every figure reads the same way.
 _LABELS = {
@@ -277,16 +275,3 @@ def plot_max_batch(results: Sequence[dict], path: str | os.PathLike, *, title: s
     out = save_figure(fig, path, dpi)
     plt.close(fig)
     return out
-
-
-# ------------------------------------------------------------------------------------ CLI
-def cli_plot(args) -> int:
-    graph = load_graph(args.graph)
-    schedule = load_schedule(args.schedule, graph)
-    sim = simulate(graph, schedule)
-    if not sim.valid:
-        raise InvalidScheduleError(f"{args.schedule} is not a valid schedule for {args.graph}: {sim.violations[0]}")
-    out = plot_schedule(graph, schedule, args.out)
-    print(f"{out}: {graph.name}, {schedule.strategy or 'schedule'}, peak {format_bytes(sim.peak_memory_bytes)}, "
-          f"{sim.recompute_count} recomputations")
-    return 0

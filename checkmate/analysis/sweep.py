@@ -18,20 +18,17 @@ import csv
 import json
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from checkmate.analysis.executors import EXECUTORS, run_tasks
-from checkmate.analysis.models import extract_graph
 from checkmate.analysis.plots import plot_budget_sweep
 from checkmate.analysis.sweep_data import CSV_COLUMNS, SweepResult, SweepRow
 from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
-from checkmate.budgets import format_bytes
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
-from checkmate.graph import Graph, graph_from_dict, load_graph
+from checkmate.graph import Graph, graph_from_dict
 from checkmate.solvers import solve
 from checkmate.solvers.minimum_budget import sweep_frontier_budget
 from checkmate.solvers.registry import STRATEGIES, get_strategy
@@ -39,8 +36,7 @@ from checkmate.solvers.registry import STRATEGIES, get_strategy
 __all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "sweep_frontier_budget", "minimum_feasible_budget",
            "trivial_budget_bound",
            "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "load_sweep_json",
-           "check_consistency",
-           "cli_sweep", "CSV_COLUMNS"]
+           "check_consistency", "CSV_COLUMNS"]
 
 # Strategies a sweep runs when none are named: the paper's baselines and Checkmate's own two.
 _DEFAULT_ORDER = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn", "checkmate_lp_rounding",
@@ -347,49 +343,3 @@ def load_sweep_json(path: str | os.PathLike) -> SweepResult:
                            data.get("meta", {}))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InvalidArgumentError(f"{path}: not a sweep JSON file ({exc})") from None
-
-
-# ------------------------------------------------------------------------------------ CLI
-def _graph_from_args(args) -> Graph:
-    if args.graph and args.model:
-        raise InvalidArgumentError("give either GRAPH.json or --model, not both")
-    if args.graph:
-        if args.batch_size is not None:
-            raise InvalidArgumentError("--batch-size applies to --model only")
-        return load_graph(args.graph)
-    if not args.model:
-        raise InvalidArgumentError("give a graph file or --model NAME --batch-size B")
-    if args.batch_size is None:
-        raise InvalidArgumentError("--model needs --batch-size")
-    return extract_graph(args.model, args.batch_size, input_shape=args.input_shape,
-                         level=getattr(args, "level", "layer"), cost_model=getattr(args, "cost_model", "flops"))
-
-
-def cli_sweep(args) -> int:
-    graph = _graph_from_args(args)
-    result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
-                   time_limit_s=args.time_limit, executor=args.executor, workers=args.workers,
-                   progress=sys.stderr.isatty() or bool(os.environ.get("CHECKMATE_PROGRESS")))
-    paths = write_sweep(result, args.out)
-    print(f"graph {graph.name}: {graph.n} nodes; budgets {format_bytes(result.budgets[0])} .. "
-          f"{format_bytes(result.budgets[-1])} ({len(result.budgets)} points); "
-          f"{len(result.strategies)} strategies in {result.wall_seconds:.1f} s")
-    width = max(len(s) for s in result.strategies)
-    for name in result.strategies:
-        rows = [r for r in result.rows_for(name) if r.feasible and r.overhead is not None]
-        failed = sum(1 for r in result.rows_for(name) if r.feasible is None)
-        if rows:
-            first = rows[0]
-            text = (f"feasible from {format_bytes(first.budget_bytes)}, overhead {first.overhead:.3f}x there, "
-                    f"{rows[-1].overhead:.3f}x at {format_bytes(rows[-1].budget_bytes)}")
-        elif _is_bound_only(name):
-            bounds = [r for r in result.rows_for(name) if r.lower_bound is not None]
-            text = f"bounds at {len(bounds)} budgets"
-        else:
-            text = "no feasible budget in the grid"
-        if failed:
-            text += f"; solver failed at {failed} budgets"
-        print(f"  {name:<{width}}  {text}")
-    for kind in ("csv", "png", "json"):
-        print(f"  {kind:<4} {paths[kind]}")
-    return 0

@@ -1,6 +1,8 @@
-"""TensorFlow 2 front end: lowering Keras training steps, profiling, code generation, the model zoo.
+"""TensorFlow 2 front end: lowering Keras training steps, profiling, code generation, compiling a step
+for a budget and measuring it, the model zoo.
 
 Importing this package imports TensorFlow; the submodules load on first use of their names.
+``checkmate.tf2.compile`` is the function :func:`checkmate.tf2.step.compile`.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import importlib
 from checkmate.tf2.lowered import LoweredGraph
 
 __all__ = ["LoweredGraph", "lower", "zoo", "build_model", "lowering", "profiling",
-           "compile", "CompiledStep", "RematModel", "measure_peak_memory", "generate", "codegen", "memory"]
+           "compile", "compile_lowered", "CompiledStep", "RematModel", "measure_peak_memory", "generate", "codegen",
+           "memory", "step", "keras_model", "measure"]
 
 # Public name -> (module, attribute or None for the module itself).
 _LAZY = {
@@ -19,9 +22,13 @@ _LAZY = {
     "profiling": ("checkmate.tf2.profiling", None),
     "zoo": ("checkmate.tf2.zoo", None),
     "build_model": ("checkmate.tf2.zoo", "build_model"),
-    "compile": ("checkmate.tf2.compile", "compile"),
-    "CompiledStep": ("checkmate.tf2.compile", "CompiledStep"),
-    "RematModel": ("checkmate.tf2.compile", "RematModel"),
+    "compile": ("checkmate.tf2.step", "compile"),
+    "compile_lowered": ("checkmate.tf2.step", "compile_lowered"),
+    "CompiledStep": ("checkmate.tf2.step", "CompiledStep"),
+    "RematModel": ("checkmate.tf2.keras_model", "RematModel"),
+    "step": ("checkmate.tf2.step", None),
+    "keras_model": ("checkmate.tf2.keras_model", None),
+    "measure": ("checkmate.tf2.measure", None),
     "measure_peak_memory": ("checkmate.tf2.memory", "measure_peak_memory"),
     "generate": ("checkmate.tf2.codegen", "generate"),
     "codegen": ("checkmate.tf2.codegen", None),

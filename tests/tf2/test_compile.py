@@ -26,7 +26,7 @@ from test_codegen import MODELS, SOLVE_OPTIONS, STRATEGY, assert_close_relative,
 
 pytestmark = pytest.mark.tf
 
-compile_module = importlib.import_module("checkmate.tf2.compile")
+compile_module = importlib.import_module("checkmate.tf2.step")
 
 
 def twin(name, **kwargs):

@@ -66,7 +66,7 @@ from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaqu
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
 
 __all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops", "OpGraph", "OpInfo", "LEVELS",
-           "COST_MODELS", "LOSS_LAYER", "AUTO_GRADIENT_NODES_MAX_NODES", "WORKSPACE_SPLIT_FRACTION", "cli_extract"]
+           "COST_MODELS", "LOSS_LAYER", "AUTO_GRADIENT_NODES_MAX_NODES", "WORKSPACE_SPLIT_FRACTION"]
 
 LEVELS = ("op", "layer")
 COST_MODELS = ("flops", "profile")
@@ -149,6 +149,3 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
                          grads_resident=grads_resident, gradient_nodes=split, compact_nodes=compact_nodes,
                          split_workspace_nodes=split_nodes, profile_info=profile_info)
 
-
-# The extract command needs lower(), so it is imported once lower() is defined.
-from checkmate.tf2.lowering._extract_cli import _load_keras_file, cli_extract  # noqa: E402

@@ -1,0 +1,99 @@
+"""``checkmate compile``: compile a zoo model for a budget with each strategy, run it, and report the
+predicted and measured peak memory, the step time and the gradients' difference from the plain step.
+
+TensorFlow is imported when the command runs, not when this module is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from checkmate.cli._common import (EXIT_INFEASIBLE, EXIT_OK, EXIT_SOLVER, command, positive_float, positive_int,
+                                   shape, stdout_to_stderr)
+
+__all__ = ["add_parser", "run", "exit_code", "DEFAULT_STRATEGIES"]
+
+# Compared when --strategy is not given: no recomputation, the classic heuristic, the optimum.
+DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("compile", help="compile a zoo model for a budget, run it and report measured memory")
+    p.add_argument("--model", required=True, metavar="NAME")
+    p.add_argument("--batch-size", type=positive_int, default=32)
+    p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
+    p.add_argument("--budget", required=True)
+    p.add_argument("--strategy", default=None,
+                   help="one strategy, or a comma-separated list (default: checkpoint_all, chen_sqrtn, checkmate_milp)")
+    p.add_argument("--solver", default=None)
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
+    p.add_argument("--level", choices=("layer", "op"), default="layer")
+    p.add_argument("--steps", type=positive_int, default=3, help="training steps to run and time")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=command(run, tensorflow=True, counts_memory=True))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Lower a zoo model, profile, solve, generate, run and report per strategy."""
+    from checkmate.solvers import format_bytes, get_strategy
+    from checkmate.tf2 import zoo
+    from checkmate.tf2.lowering import lower
+    from checkmate.tf2.measure import allocator_note, compare_strategies
+
+    strategies = ([s.strip() for s in args.strategy.split(",") if s.strip()] if args.strategy
+                  else list(DEFAULT_STRATEGIES))
+    for name in strategies:
+        get_strategy(name)
+    # --json promises one JSON object on stdout; solver libraries print banners to fd 1.
+    with stdout_to_stderr(args.json):
+        built = zoo.build_model(args.model, args.batch_size, args.input_shape)
+        lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
+                        gradient_nodes="auto", cost_model="profile", progress=False)
+        report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
+                                    time_limit_s=args.time_limit, steps=args.steps)
+    report["model"] = args.model
+    report["batch_size"] = args.batch_size
+    report["allocator_note"] = allocator_note(report["device"])
+    if args.json:
+        print(json.dumps(report))
+        return exit_code(report["rows"])
+    plain = report["plain"]
+    print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
+          f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
+    print(f"accounting: {report['accounting']}")
+    print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
+          f"{format_bytes(plain['predicted_peak_bytes'])}), {plain['step_seconds'] * 1e3:.1f} ms")
+    if report["allocator_note"]:
+        print(f"note: {report['allocator_note']}")
+    header = (f"{'strategy':<22} {'pred. peak':>11} {'meas. peak':>11} {'meas/pred':>9} {'pred. ovh':>9} "
+              f"{'time/plain':>10} {'max |dgrad|':>11}")
+    print(header)
+    for row in report["rows"]:
+        if row["status"] == "infeasible":
+            print(f"{row['strategy']:<22} does not fit: needs {format_bytes(row['min_feasible_budget_bytes'])}")
+            continue
+        if row["status"] != "ok":
+            print(f"{row['strategy']:<22} {row['status']}")
+            continue
+        ratio = f"{row['measured_over_predicted']:.2f}" if row["measured_over_predicted"] is not None else "-"
+        print(f"{row['strategy']:<22} {format_bytes(row['predicted_peak_bytes']):>11} "
+              f"{format_bytes(row['measured_peak_bytes']):>11} {ratio:>9} {row['predicted_overhead']:>8.2f}x "
+              f"{row['time_over_plain']:>9.2f}x {row['max_grad_diff']:>11.2e}")
+    return exit_code(report["rows"])
+
+
+def exit_code(rows: list[dict]) -> int:
+    """Success when some strategy ran; else infeasible if every strategy was (naming the least budget
+    any of them needs), solver failure otherwise; the failure is told in one line on stderr."""
+    if any(row["status"] == "ok" for row in rows):
+        return EXIT_OK
+    needs = [row["min_feasible_budget_bytes"] for row in rows
+             if row["status"] == "infeasible" and row.get("min_feasible_budget_bytes") is not None]
+    if rows and all(row["status"] == "infeasible" for row in rows):
+        least = f"; minimum feasible budget: {min(needs)} bytes" if needs else ""
+        print(f"checkmate: infeasible budget: no strategy fits{least}", file=sys.stderr)
+        return EXIT_INFEASIBLE
+    print("checkmate: solver failed: no strategy produced a schedule", file=sys.stderr)
+    return EXIT_SOLVER

@@ -1,0 +1,286 @@
+"""A Keras model + a memory budget -> a rematerializing training step (:func:`compile`, which the
+package exports as ``checkmate.tf2.compile``).
+
+Pipeline (docs/design.md §1): :func:`checkmate.tf2.lowering.lower` traces the step and builds the graph,
+:func:`checkmate.solve` finds a schedule within the budget (raising
+:class:`~checkmate.errors.InfeasibleBudgetError` with the minimum feasible budget before anything
+runs), :func:`checkmate.tf2.codegen.generate` emits the tf.function that executes it. This module
+owns :class:`CompiledStep`, its budget resolution and what the memory and cost models predict for it.
+
+Keras integration: :meth:`CompiledStep.keras_model` (or :class:`checkmate.tf2.keras_model.RematModel`)
+wraps the model in a ``keras.Model`` whose ``train_step`` runs the compiled step, so ``model.fit``
+trains with it. Measuring a compiled step against the plain one: :mod:`checkmate.tf2.measure`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.schedule import Schedule
+from checkmate.simulate import simulate
+from checkmate.solvers import SolveResult, format_bytes, parse_budget, solve
+from checkmate.solvers.minimum_budget import strategy_minimum_budget as minimum_feasible_budget
+from checkmate.tf2 import _compat
+from checkmate.tf2.codegen import RematFunction, generate
+from checkmate.tf2.keras_model import RematModel
+from checkmate.tf2.lowered import LoweredGraph
+from checkmate.tf2.lowering import lower
+from checkmate.tf2.memory import available_device_memory
+
+__all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "resident_bytes",
+           "accounting", "resolve_budget", "minimum_feasible_budget", "RematModel"]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the memory model and the cost model predict for the compiled step."""
+
+    peak_memory_bytes: int          # simulated peak, fixed bytes included (the number the budget bounds)
+    fixed_bytes: int                # graph.fixed_mem
+    resident_bytes: int             # part of fixed_bytes resident before the step runs (parameters, batch)
+    compute_cost: float             # cost of the schedule, in the graph's cost unit
+    baseline_cost: float            # cost of computing every node once
+    recompute_count: int            # node computations beyond the first
+    budget_bytes: int
+
+    @property
+    def overhead(self) -> float:
+        return self.compute_cost / self.baseline_cost if self.baseline_cost > 0 else 1.0
+
+    @property
+    def step_peak_bytes(self) -> int:
+        """Predicted peak of what the step allocates on top of the resident bytes: the quantity
+        :func:`checkmate.tf2.measure_peak_memory` measures (activations, gradients, temporaries)."""
+        return self.peak_memory_bytes - self.resident_bytes
+
+
+def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:
+    """Simulated peak minus the bytes resident before the step (parameters and batch).
+
+    The parameter gradients are produced by the step, so they stay in this figure: with gradient
+    nodes (and at op level) from the moment their output nodes are computed; in the compact
+    layer-level accounting for the whole step, as part of ``fixed_mem`` (which then exceeds
+    ``metadata["parameter_and_batch_bytes"]`` by ``metadata["grad_bytes"]``).
+    """
+    peak = simulate(lowered.graph, schedule).peak_memory_bytes
+    return int(peak - resident_bytes(lowered))
+
+
+def resident_bytes(lowered: LoweredGraph) -> int:
+    """Bytes of the graph's fixed memory resident before the step runs: the parameters and the batch."""
+    return int(lowered.metadata.get("parameter_and_batch_bytes", lowered.graph.fixed_mem))
+
+
+def accounting(lowered: LoweredGraph) -> str:
+    """How the lowered graph accounts for the parameter gradients, in words (for reports)."""
+    if lowered.level == "op":
+        return "op level: gradients are output nodes"
+    if lowered.metadata.get("gradient_nodes"):
+        return "gradient nodes: parameter gradients resident from when computed"
+    return "compact: parameter gradients resident for the whole step"
+
+
+def resolve_budget(budget: Any, graph, model: Any = None, device: str | None = None) -> int:
+    """Bytes for ``budget``: an int, ``"2GiB"``, ``"60%"`` (of checkpoint-all's peak) or ``"auto"``.
+
+    ``"auto"`` is the device's free memory (:func:`checkmate.tf2.memory.available_device_memory`) plus
+    the bytes of the model's variables, which are already allocated and are part of the graph's
+    fixed memory.
+    """
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        resident = 0
+        for v in getattr(model, "variables", ()) if model is not None else ():
+            resident += int(np.prod(v.shape, dtype=np.int64)) * tf.as_dtype(v.dtype).size
+        return int(available_device_memory(device)) + int(resident)
+    return parse_budget(budget, graph)
+
+
+class CompiledStep:
+    """A training step that executes a rematerialization schedule.
+
+    ``step(x, y)`` runs one step and applies the optimizer, returning the loss;
+    ``step.gradients(x, y)`` returns ``(loss, grads)`` without applying them (grads in
+    ``model.trainable_variables`` order). ``x``/``y`` must have the shapes the step was compiled for.
+    """
+
+    def __init__(self, model: Any, loss: Any, optimizer: Any, lowered: LoweredGraph, result: SolveResult,
+                 function: RematFunction):
+        self.model = model
+        self.loss = loss
+        self.optimizer = optimizer
+        self.lowered = lowered
+        self.result = result
+        self.function = function
+        self.variables = list(lowered.variables) if lowered.variables else list(model.trainable_variables)
+        sim = simulate(lowered.graph, result.schedule)
+        self.predicted = Prediction(
+            peak_memory_bytes=int(sim.peak_memory_bytes),
+            fixed_bytes=int(lowered.graph.fixed_mem),
+            resident_bytes=resident_bytes(lowered),
+            compute_cost=float(sim.compute_cost),
+            baseline_cost=float(lowered.graph.total_cost),
+            recompute_count=int(sim.recompute_count),
+            budget_bytes=int(result.budget_bytes),
+        )
+        self._train = None
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def schedule(self) -> Schedule:
+        return self.result.schedule
+
+    @property
+    def graph(self):
+        return self.lowered.graph
+
+    @property
+    def strategy(self) -> str:
+        return self.result.strategy
+
+    @property
+    def input_specs(self) -> tuple:
+        return self.function.input_specs
+
+    # ------------------------------------------------------------------------------ running
+    def gradients(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """``(loss, grads)`` of one step on ``(x, y)``; no variable is updated except the step's own
+        state (BatchNorm statistics, dropout seed), exactly as one plain step would."""
+        return self.function(x, y)
+
+    def plain_gradients(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """The same step without rematerialization (the traced plain ``tf.function``)."""
+        out = self.lowered.function(*self.function.flat_args(x, y))
+        return out[0], list(out[1:])
+
+    def _train_function(self):
+        if self._train is None:
+            if not getattr(self.optimizer, "built", True):
+                self.optimizer.build(self.variables)
+            remat = self.function.concrete_function
+            variables = self.variables
+            optimizer = self.optimizer
+
+            def train(*flat):
+                out = remat(*flat)
+                optimizer.apply_gradients(zip(out[1:], variables))
+                return out[0]
+
+            self._train = tf.function(train, input_signature=self.function.input_specs, autograph=False)
+        return self._train
+
+    def train_flat(self, *flat):
+        """One optimizer step on flat tensors; usable inside another ``tf.function`` (nested), in
+        which case the caller runs under :func:`checkmate.tf2._compat.grappler_disabled`."""
+        fn = self._train_function()
+        if tf.executing_eagerly():
+            with _compat.grappler_disabled():
+                return fn(*flat)
+        return fn(*flat)
+
+    def __call__(self, x: Any, y: Any) -> tf.Tensor:
+        return self.train_flat(*self.function.flat_args(x, y))
+
+    # ------------------------------------------------------------------------------ Keras
+    def keras_model(self, **kwargs: Any) -> "RematModel":
+        """A compiled ``keras.Model`` whose ``fit`` trains with this step (see :class:`RematModel`)."""
+        wrapper = RematModel(self, **kwargs)
+        wrapper.compile(optimizer=self.optimizer)
+        return wrapper
+
+    # ------------------------------------------------------------------------------ reports
+    def summary(self) -> str:
+        g = self.graph
+        p = self.predicted
+        r = self.result
+        lines = [
+            f"checkmate step for {getattr(self.model, 'name', 'model')} ({self.lowered.level} level: "
+            f"{g.n} nodes, {len(g.edges)} edges)",
+            f"  accounting      {accounting(self.lowered)}",
+            f"  strategy        {r.strategy}" + (f" (solver {r.solver})" if r.solver else "")
+            + (", optimal" if r.optimal else ""),
+            f"  budget          {format_bytes(p.budget_bytes)}",
+            f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (parameters and batch "
+            f"{format_bytes(p.resident_bytes)}, step {format_bytes(p.step_peak_bytes)})",
+            f"  overhead        {p.overhead:.3f}x ({p.recompute_count} recomputations)",
+            f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
+            f"  solve time      {r.solve_seconds:.2f} s",
+        ]
+        workspace = self.lowered.metadata.get("workspace_bytes") or ()
+        if self.lowered.level == "layer" and workspace and max(workspace) > 0:
+            # What a layer node allocates while it runs, beyond the tensors it passes on: not in the
+            # plan (see README, "measure_peak_memory"). Shown so that a large one can be weighed.
+            k = int(np.argmax(workspace))
+            lines.append(f"  workspace       up to {format_bytes(workspace[k])} inside one node ({g.names[k]}), "
+                         "not in the plan; level='op' plans it")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"CompiledStep(strategy={self.strategy!r}, nodes={self.graph.n}, "
+                f"predicted_peak={self.predicted.peak_memory_bytes}, overhead={self.predicted.overhead:.3f})")
+
+
+def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, *, budget: Any = "auto",
+                    strategy: str = "checkmate_milp", solver: str | None = None, time_limit_s: float | None = None,
+                    device: str | None = None, **solve_options: Any) -> CompiledStep:
+    """Solve and generate for an already lowered step (lets callers reuse one lowering)."""
+    budget_bytes = resolve_budget(budget, lowered.graph, model, device)
+    try:
+        result = solve(lowered.graph, budget_bytes, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
+                       **solve_options)
+    except InfeasibleBudgetError as exc:
+        minimum = exc.min_feasible_budget_bytes
+        if minimum is None:
+            minimum = minimum_feasible_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
+                                              **solve_options)
+        raise InfeasibleBudgetError(
+            f"{strategy}: no schedule of {lowered.graph.name} fits in {format_bytes(budget_bytes)} "
+            f"({budget_bytes} bytes); minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes)",
+            budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
+    if result.schedule is None:
+        raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
+    return CompiledStep(model, loss, optimizer, lowered, result, generate(lowered, result.schedule))
+
+
+def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
+            strategy: str = "checkmate_milp", solver: str | None = None, level: str = "layer",
+            gradient_nodes: bool | str = "auto", time_limit_s: float | None = None, cost_model: str = "flops",
+            device: str | None = None, **solve_options: Any) -> CompiledStep:
+    """Compile ``model``'s training step to run within ``budget``.
+
+    Parameters
+    ----------
+    model, loss, optimizer:
+        A Keras model (one that was never called is built by calling it once on a zero sample), a
+        Keras optimizer and ``loss(y_true, y_pred)`` or a Keras loss name; for several outputs also
+        a list of losses (``None`` for an output without one) or a dict keyed by output names,
+        summed as ``keras.Model.compile`` sums them. The model's own losses (regularizers) are added.
+    input_spec, label_spec:
+        ``tf.TensorSpec`` (or nests) with fixed shapes, batch dimension included.
+    budget:
+        Bytes, ``"2GiB"``, ``"1.5GB"``, ``"60%"`` (of the checkpoint-all peak) or ``"auto"`` (the
+        device's free memory). Counts parameters and the batch (the graph's fixed memory).
+    strategy, solver, time_limit_s:
+        Passed to :func:`checkmate.solve`.
+    level:
+        ``"layer"`` or ``"op"`` granularity of the graph.
+    gradient_nodes:
+        Layer level: ``"auto"`` (default) lowers the compact graph (one forward and one backward node
+        per layer, parameter gradients resident for the whole step) and, when it has at most
+        :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` nodes, the finer graph with
+        the parameter gradients in output nodes of their own instead: ~1.65x the nodes (a slower
+        MILP, still practical at that size), for a predicted peak that follows the measured one.
+        ``True``/``False`` force one of them (see :mod:`checkmate.tf2.lowering`).
+        :meth:`CompiledStep.summary` says which one was used.
+
+    Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
+    before any step runs when nothing fits.
+    """
+    lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
+                    cost_model=cost_model)
+    return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
+                           time_limit_s=time_limit_s, device=device, **solve_options)
