@@ -235,8 +235,8 @@ def _verdict_status(gap: float | None, res, proven_by_lp: bool) -> str:
     within = "no proven bound" if gap is None else within_words(gap)
     if res is not None and res.status in (FEASIBLE, NO_SOLUTION):
         return f"time limit, {within}"
-    if res is None:
-        return within + (" (LP bound)" if gap is not None else "")
+    if res is None:   # branch and bound is skipped only when the LP bound meets the requested gap
+        return f"{within} (proven by the LP bound; the requested mip_gap)"
     if res.status == OPTIMAL:
         return f"{within} (the requested mip_gap)"
     return f"{res.message}, {within}"
