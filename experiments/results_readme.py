@@ -205,7 +205,7 @@ def section_tight_budgets(folder: Path) -> str:
            "solve seconds, then `opt` when proven optimal.\n"]
     if not path.exists():
         out.append(_missing("python experiments/solve_time.py --no-keras --only vgg16,unet,fcn8,segnet "
-                            "--budgets 0.9,0.8,1.1min,1.02min --out results/solve_time_tight.csv"))
+                            "--budgets 0.9,0.8,1.1min,1.02min --out experiments/results/solve_time_tight.csv"))
         return "\n".join(out)
     rows = read_csv(path)
     variants = list(dict.fromkeys(_variant(r) for r in rows))
