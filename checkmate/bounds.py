@@ -9,6 +9,7 @@ strategy's minimum budget, which need solving, are in :mod:`checkmate.solvers.mi
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
 __all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
-           "InputIndex", "prune_unused_holds", "drop_holds_unread_by"]
+           "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound"]
 
 
 # ------------------------------------------------------------------------------------------ bounds
@@ -140,3 +141,53 @@ def drop_holds_unread_by(graph: "Graph", retain: np.ndarray, recompute: np.ndarr
         later = S[t] & (read[t] | later)
         out[t] = later
     return out
+
+
+# ------------------------------------------------------------------------------------------ cost bound
+def cost_lower_bound(graph: "Graph", budget_bytes: int) -> float:
+    """A lower bound on the compute cost of every schedule that fits ``budget_bytes``, at any scale.
+
+    Every node runs at least once. Beyond that, look at the moment node ``t`` first runs: its output,
+    its inputs, the outputs computed so far and the fixed bytes are resident, and so is every other
+    value ``v < t`` that a later node reads, unless ``v`` is computed again after that moment, which
+    costs at least ``cost[v]`` more. So the values dropped at that moment must free at least the
+    bytes by which holding all of them would exceed the budget, and the cheapest way to do that is
+    bounded below by the fractional knapsack (drop values in increasing cost per byte, the last one
+    in part). Each moment gives a valid bound; the result is ``sum(cost)`` plus the largest of them.
+    Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst, in array operations.
+    """
+    n = graph.n
+    mem = graph.mem.astype(np.int64)
+    cost = graph.cost
+    last_reader = np.array([max(users) if users else -1 for users in graph.users], dtype=np.int64)
+    output = graph.output
+    base = float(cost.sum())
+    best_extra = 0.0
+    # values alive after t: computed before t and read by a node after t (outputs are counted apart)
+    order = np.arange(n)
+    outputs_before = np.concatenate([[0], np.cumsum(np.where(output, mem, 0))])
+    for t in range(1, n):
+        inputs = list(graph.deps[t])
+        held_fixed = int(graph.fixed_mem) + int(mem[t]) + int(mem[inputs].sum()) + int(outputs_before[t])
+        held_fixed -= int(mem[[d for d in inputs if output[d]]].sum())   # an input that is an output counts once
+        alive = (order < t) & (last_reader > t) & ~output
+        if inputs:
+            alive[inputs] = False
+        live_bytes = int(mem[alive].sum())
+        excess = held_fixed + live_bytes - int(budget_bytes)
+        if excess <= 0:
+            continue
+        droppable = alive & graph.recomputable & (mem > 0)
+        sizes = mem[droppable].astype(np.float64)
+        if sizes.sum() < excess:
+            return math.inf   # nothing fits: the budget is below what this moment needs
+        ratio = cost[droppable] / sizes
+        by_ratio = np.argsort(ratio, kind="stable")
+        sizes, costs = sizes[by_ratio], cost[droppable][by_ratio]
+        freed = np.cumsum(sizes)
+        whole = int(np.searchsorted(freed, excess))      # items 0..whole-1 whole, item `whole` in part
+        extra = float(costs[:whole].sum())
+        before = float(freed[whole - 1]) if whole else 0.0
+        extra += costs[whole] * (excess - before) / sizes[whole]
+        best_extra = max(best_extra, extra)
+    return base + best_extra

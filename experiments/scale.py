@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     setting = QUICK if args.quick else FULL
     limit = args.time_limit or setting["time_limit_s"]
-    started = time.time()
+    started = time.perf_counter()
     from checkmate.solvers import parse_budget
 
     CACHE.mkdir(parents=True, exist_ok=True)

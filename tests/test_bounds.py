@@ -21,3 +21,36 @@ def test_checkpoint_all_peak_on_training_graphs():
                                                          synthetic.random_forward(60, seed=1)]
     for graph in graphs:
         assert checkpoint_all_peak(graph) == simulate(graph, checkpoint_all_schedule(graph)).peak_memory_bytes
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_dags(max_nodes=5))
+def test_cost_lower_bound_never_exceeds_the_brute_force_optimum(graph):
+    from cases import brute_force_optimum
+    from checkmate.bounds import cost_lower_bound
+
+    peak = checkpoint_all_peak(graph)
+    for budget in sorted({b for b in (peak, int(peak * 0.85), int(peak * 0.7)) if b >= 1}):
+        best = brute_force_optimum(graph, budget)
+        bound = cost_lower_bound(graph, budget)
+        if best is None:
+            continue
+        assert bound <= best[0] + 1e-9
+        assert bound >= graph.total_cost
+
+
+def test_cost_lower_bound_below_the_milp_optimum_and_tight_at_the_checkpoint_all_peak():
+    from checkmate.bounds import cost_lower_bound
+    from checkmate.errors import InfeasibleBudgetError
+    from checkmate.solvers import solve
+
+    graphs = [make() for make in SMALL_CASES.values()] + [synthetic.resnet(3, mem=4), synthetic.chain(10, mem=8)]
+    for graph in graphs:
+        peak = checkpoint_all_peak(graph)
+        assert cost_lower_bound(graph, peak) == graph.total_cost
+        for budget in (int(peak * 0.8), int(peak * 0.6)):
+            try:
+                exact = solve(graph, budget, strategy="checkmate_milp", mip_gap=1e-9, time_limit_s=60)
+            except InfeasibleBudgetError:
+                continue
+            assert cost_lower_bound(graph, budget) <= exact.compute_cost + 1e-9

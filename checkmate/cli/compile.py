@@ -16,7 +16,7 @@ from checkmate.cli._common import (EXIT_INFEASIBLE, EXIT_OK, EXIT_SOLVER, add_mi
 __all__ = ["add_parser", "run", "exit_code", "DEFAULT_STRATEGIES"]
 
 # Compared when --strategy is not given: no recomputation, the classic heuristic, the optimum.
-DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "checkmate_milp")
+DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "auto")
 
 
 def add_parser(sub) -> None:
@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--budget", required=True)
     p.add_argument("--strategy", default=None,
-                   help="one strategy, or a comma-separated list (default: checkpoint_all, chen_sqrtn, checkmate_milp)")
+                   help="one strategy, or a comma-separated list (default: checkpoint_all, chen_sqrtn, auto)")
     p.add_argument("--solver", default=None)
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
     add_mip_gap(p)
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     with stdout_to_stderr(args.json):
         built = zoo.build_model(args.model, args.batch_size, args.input_shape)
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
-                        gradient_nodes="auto", cost_model="profile", progress=False)
+                        gradient_nodes=True, cost_model="profile", progress=False)
         report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
                                     time_limit_s=args.time_limit, mip_gap=args.mip_gap, steps=args.steps)
     report["model"] = args.model

@@ -27,10 +27,12 @@ def add_parsers(sub) -> None:
     p = sub.add_parser("solve", help="schedule a graph file within a memory budget")
     p.add_argument("graph", metavar="GRAPH.json")
     p.add_argument("--budget", required=True, help="bytes, 2GiB, 1.5GB or 60%% (of the checkpoint-all peak)")
-    p.add_argument("--strategy", default="checkmate_milp",
-                   help="strategy name (see 'checkmate strategies'), or 'all' to compare every strategy")
+    p.add_argument("--strategy", default="auto",
+                   help="strategy name (see 'checkmate strategies'; default: auto, the exact MILP on small "
+                        "graphs and the hierarchical strategy on large ones), or 'all' to compare every strategy")
     p.add_argument("--solver", default=None, help="MILP/LP backend: highs (default), cvxpy, gurobi, ortools, or a cvxpy solver name")
-    p.add_argument("--time-limit", type=positive_float, default=None, metavar="S", help="solver time limit in seconds")
+    p.add_argument("--time-limit", type=positive_float, default=None, metavar="S",
+                   help="solver time limit in seconds (default: 600)")
     add_mip_gap(p)
     p.add_argument("--json", action="store_true",
                    help=f"print one JSON object with the fields {_JSON_FIELDS} (with --strategy all: a list "

@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from checkmate.bounds import cost_lower_bound
 from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.simulate import simulate
 from checkmate.solvers.registry import STRATEGIES
@@ -78,11 +79,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy="auto")
     cost, name, out = min(results, key=lambda r: (r[0], r[1] != main))
     status = f"{name}: {out.status}" if out.status and out.status != "ok" else name
-    # every node runs at least once: the checkpoint-all cost bounds every schedule from below
-    lower = max([graph.total_cost, *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
+    # the memory at each node's first run forces a least recomputation (it includes every node once)
+    lower = max([min(cost_lower_bound(graph, budget_bytes), cost),
+                 *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
     optimal = out.optimal or cost <= lower * (1 + 1e-12)
     if optimal and not out.optimal:
-        status = f"{name}: optimal (no schedule computes less than every node once)"
+        status = f"{name}: optimal (its cost meets the proven lower bound)"
     elif not optimal and "within" not in status:
         status += f"; {within_words(relative_gap(cost, lower))}"
     return StrategyOutput(out.schedule, lower_bound=lower, optimal=optimal, status=status,

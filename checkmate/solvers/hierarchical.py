@@ -24,8 +24,10 @@ sequences of similar blocks, and this strategy exploits that structure in four s
 
 Each forward value is recomputed at most once (one level of recomputation, as in Chen et al.'s
 scheme, but with the kept set chosen per block by a MILP, as Checkmate does). The result carries a
-lower bound: the LP relaxation of the flat MILP where that is affordable, otherwise the cost of
-computing every node once; its ``status`` says which, and what was done to the graph.
+lower bound: the cost of computing every node once plus the cheapest recomputation that the memory
+at each node's first run forces (:func:`checkmate.bounds.cost_lower_bound`, at any scale), or the
+LP relaxation of the flat MILP where that is affordable and higher; its ``status`` says which, and
+what was done to the graph.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from checkmate.bounds import cost_lower_bound
 from checkmate.errors import CheckmateError, InfeasibleBudgetError
 from checkmate.schedule import Schedule
 from checkmate.simulate import walk
@@ -512,14 +515,15 @@ def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> 
     reporter = _ProgressLog(graph.total_cost) if options.verbose or _logger.isEnabledFor(logging.INFO) else None
     schedule, cost, peak = hierarchical_schedule(graph, budget_bytes, deadline=deadline, plan=plan,
                                                  progress=reporter)
-    bound = _lp_bound(graph, budget_bytes, options, deadline)
-    if bound is not None:
-        bound = min(bound, cost)
-        bound_text = "bound from the LP relaxation"
+    memory_bound = min(cost_lower_bound(graph, budget_bytes), cost)
+    lp = _lp_bound(graph, budget_bytes, options, deadline)
+    if lp is not None and lp > memory_bound:
+        bound, bound_text = min(lp, cost), "bound from the LP relaxation"
     else:
-        bound = graph.total_cost
-        bound_text = (f"bound: each node computed once (the LP relaxation is not computed above "
-                      f"{LP_BOUND_MAX_NODES} nodes)")
+        bound = memory_bound
+        bound_text = ("bound from the bytes each node's first run leaves for the values still needed"
+                      + ("" if graph.n <= LP_BOUND_MAX_NODES else
+                         f" (the LP relaxation is not computed above {LP_BOUND_MAX_NODES} nodes)"))
     gap = relative_gap(cost, bound)
     optimal = is_proven_optimal(gap)
     parts = ["optimal" if optimal else within_words(gap),
