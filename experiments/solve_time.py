@@ -16,6 +16,7 @@ baselines and MIP start included, Python start-up excluded). Results: ``results/
     python experiments/solve_time.py --quick                 # a few minutes (make bench)
     python experiments/solve_time.py                         # the full table (hours on 2 cores)
     python experiments/solve_time.py --graph my_model.json --budgets 0.9,0.8 --strategies checkmate_milp
+    python experiments/solve_time.py --only unet,segnet --budgets 1.1min,1.02min --options hierarchical_start=true
 """
 
 from __future__ import annotations
@@ -269,14 +270,15 @@ COMPARE = [("checkmate_milp", "cvxpy"), ("checkmate_milp", "ortools"), ("checkma
 
 
 # ------------------------------------------------------------------------------------------ runs
-def _child(graph_dict, budget_bytes, strategy, solver, time_limit_s, queue):
+def _child(graph_dict, budget_bytes, strategy, solver, time_limit_s, options, queue):
     from checkmate.graph import graph_from_dict
     from checkmate.solvers import solve
 
     graph = graph_from_dict(graph_dict)
     started = time.perf_counter()
     try:
-        r = solve(graph, budget_bytes, strategy, solver=solver, time_limit_s=time_limit_s, threads=2)
+        r = solve(graph, budget_bytes, strategy, solver=solver, time_limit_s=time_limit_s,
+                  **{"threads": 2, **options})
         queue.put({"seconds": time.perf_counter() - started, "cost": r.compute_cost, "overhead": r.overhead,
                    "gap": r.gap, "lower_bound": r.lower_bound, "optimal": r.optimal, "status": r.status,
                    "peak_bytes": r.peak_memory_bytes, "solver": r.solver})
@@ -284,10 +286,12 @@ def _child(graph_dict, budget_bytes, strategy, solver, time_limit_s, queue):
         queue.put({"seconds": time.perf_counter() - started, "status": f"{type(exc).__name__}: {exc}"[:200]})
 
 
-def run_one(graph: Graph, budget_bytes: int, strategy: str, solver: str | None, time_limit_s: float) -> dict:
+def run_one(graph: Graph, budget_bytes: int, strategy: str, solver: str | None, time_limit_s: float,
+            options: dict | None = None) -> dict:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_child, args=(graph.to_dict(), budget_bytes, strategy, solver, time_limit_s, queue))
+    proc = ctx.Process(target=_child, args=(graph.to_dict(), budget_bytes, strategy, solver, time_limit_s,
+                                            dict(options or {}), queue))
     proc.start()
     try:
         result = queue.get(timeout=time_limit_s * 1.5 + 120)
@@ -317,7 +321,30 @@ def min_budgets(graphs: dict, time_limit_s: float, cache_path: Path) -> dict:
 
 
 FIELDS = ["graph", "nodes", "edges", "strategy", "solver", "budget", "budget_bytes", "seconds", "cost",
-          "overhead", "gap", "optimal", "lower_bound", "peak_bytes", "status"]
+          "overhead", "gap", "optimal", "lower_bound", "peak_bytes", "status", "options"]
+
+
+def parse_options(spec: str | None) -> dict:
+    """'mip_gap=0.01,hierarchical_start=true' -> {"mip_gap": 0.01, "hierarchical_start": True}."""
+    out: dict = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        key, _, text = part.partition("=")
+        text = text.strip()
+        lowered = text.lower()
+        if lowered in ("true", "false"):
+            value: object = lowered == "true"
+        else:
+            try:
+                value = int(text)
+            except ValueError:
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = text
+        out[key.strip()] = value
+    return out
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -369,8 +396,11 @@ def main(argv=None) -> int:
     ap.add_argument("--budgets", default=None, help="e.g. 0.9,0.8,1.1min (fractions of checkpoint-all, multiples of min)")
     ap.add_argument("--strategies", default=None, help="comma-separated strategy[:solver] entries")
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per solve")
+    ap.add_argument("--options", default=None,
+                    help="solve() options for every run, e.g. mip_gap=0.005,hierarchical_start=true")
     ap.add_argument("--out", default=None, help="CSV path")
     args = ap.parse_args(argv)
+    options = parse_options(args.options)
 
     from checkmate.solvers import checkpoint_all_peak
 
@@ -436,10 +466,10 @@ def main(argv=None) -> int:
                     limit = time_limit
                     if not quick and not fixed_runs and (strategy, solver) in COMPARE:
                         limit = min(time_limit, COMPARE_TIME_LIMIT_S)
-                    res = run_one(graph, budget, strategy, solver, limit)
+                    res = run_one(graph, budget, strategy, solver, limit, options)
                     row = {"graph": name, "nodes": graph.n, "edges": len(graph.edges), "strategy": strategy,
                            "solver": res.get("solver") or solver or "-", "budget": label, "budget_bytes": budget,
-                           **{k: res.get(k) for k in FIELDS[7:]}}
+                           **{k: res.get(k) for k in FIELDS[7:-1]}, "options": args.options or ""}
                     rows.append(row)
                     writer.writerow(row)
                     fh.flush()

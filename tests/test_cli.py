@@ -83,3 +83,20 @@ def test_infeasible_json_names_minimum(graph_file, capsys):
     assert main(["solve", str(path), "--budget", "10%", "--strategy", "checkpoint_all", "--json"]) == 3
     doc = json.loads(capsys.readouterr().out)
     assert doc["feasible"] is False and doc["min_feasible_budget_bytes"] == checkpoint_all_peak(g)
+
+
+def test_mip_gap_flag(graph_file, capsys):
+    """--mip-gap reaches the solver; the default is exact on integral costs; a bad gap is a usage error."""
+    _, path = graph_file
+    assert main(["solve", str(path), "--budget", "70%", "--strategy", "checkmate_milp", "--json"]) == 0
+    exact = json.loads(capsys.readouterr().out)
+    assert exact["optimal"] is True and exact["status"].startswith("optimal")
+    assert exact["lower_bound"] == exact["compute_cost"]
+    assert main(["solve", str(path), "--budget", "70%", "--strategy", "checkmate_milp", "--mip-gap", "50%",
+                 "--json"]) == 0
+    loose = json.loads(capsys.readouterr().out)
+    assert loose["optimal"] == loose["status"].startswith("optimal")
+    assert loose["optimal"] or "within" in loose["status"]
+    with pytest.raises(SystemExit) as err:
+        main(["solve", str(path), "--budget", "70%", "--mip-gap", "2"])
+    assert err.value.code == 2

@@ -237,13 +237,15 @@ def test_agrees_with_brute_force(graph, where):
     budget = max(1, int(low + where * (high - low)))
     best = brute_force_optimum(graph, budget)
     try:
-        milp = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+        milp = solve(graph, budget, "checkmate_milp")     # default options: integral costs make it exact
     except InfeasibleBudgetError as exc:
         assert best is None
         assert brute_force_optimum(graph, exc.min_feasible_budget_bytes) is not None
         return
     assert best is not None
-    assert milp.compute_cost == pytest.approx(best[0])
+    assert milp.compute_cost == best[0]
+    assert milp.optimal and milp.lower_bound == milp.compute_cost and milp.gap == 0.0
+    _agrees(milp)
 
 
 def _six_node_graphs():
@@ -265,9 +267,9 @@ def test_agrees_with_brute_force_on_six_nodes(graph):
         best = brute_force_optimum(graph, budget)
         if best is None:
             with pytest.raises(InfeasibleBudgetError):
-                solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+                solve(graph, budget, "checkmate_milp")
             continue
-        assert solve(graph, budget, "checkmate_milp", mip_gap=0.0).compute_cost == pytest.approx(best[0])
+        assert solve(graph, budget, "checkmate_milp").compute_cost == best[0]
 
 
 # ------------------------------------------------------------------------------ flags
@@ -437,3 +439,73 @@ def test_improvement_stops_at_the_deadline():
     start = solve(graph, budget, "griewank_logn")
     cand = _Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, "griewank_logn")
     assert improve_by_holding(graph, cand, budget, deadline=0.0) is cand
+
+
+# ------------------------------------------------------------------------------ exactness and the optimal flag
+def _agrees(result):
+    """The status and the flag say the same thing: ``optimal`` exactly when it is claimed."""
+    claimed = result.status.split(": ", 1)[-1].startswith("optimal")
+    assert claimed == result.optimal, result.status
+    if not result.optimal and result.lower_bound is not None:
+        assert "within" in result.status, result.status
+    if result.optimal:
+        assert result.gap is not None and result.gap <= 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_CASES))
+def test_small_cases_are_exact_with_default_options(name):
+    graph = SMALL_CASES[name]()
+    for budget in budgets_between(graph):
+        try:
+            milp = solve(graph, budget, "checkmate_milp")
+        except InfeasibleBudgetError:
+            continue
+        exact = solve(graph, budget, "checkmate_milp", mip_gap=0.0)
+        assert milp.compute_cost == exact.compute_cost
+        assert milp.optimal and milp.status.startswith("optimal") and milp.lower_bound == milp.compute_cost
+
+
+def test_cost_granularity():
+    from checkmate.solvers.formulation import cost_granularity
+
+    assert cost_granularity(np.array([3.0, 6.0, 9.0, 0.0])) == 3.0
+    assert cost_granularity(np.array([2.5, 1.0, 10.0])) == 0.5
+    assert cost_granularity(np.array([0.1, 0.3])) == pytest.approx(0.1)
+    assert cost_granularity(np.array([385.123456789, 1.0])) is None
+    assert cost_granularity(np.array([0.0])) is None
+
+
+def test_bounds_are_raised_to_the_next_attainable_cost():
+    """With integral costs no schedule costs a fraction: the LP bound rounds up to an integer."""
+    graph = synthetic.unet(3)
+    for fraction in (0.6, 0.7, 0.8):
+        budget = int(fraction * checkpoint_all_peak(graph))
+        lp = solve(graph, budget, "lower_bound_lp")
+        assert lp.lower_bound * 2 == int(lp.lower_bound * 2)     # costs are multiples of 0.5 here
+        milp = solve(graph, budget, "checkmate_milp")
+        assert lp.lower_bound <= milp.compute_cost
+        _agrees(milp)
+
+
+def test_a_looser_gap_is_not_called_optimal():
+    """A solve stopped at 5% says how far off it may be unless its bound proves more."""
+    graph = synthetic.unet(3)
+    budget = int(0.7 * checkpoint_all_peak(graph))
+    for gap in (0.05, 0.2):
+        r = solve(graph, budget, "checkmate_milp", mip_gap=gap, improve_start=False, root_lp=False)
+        _agrees(r)
+        if not r.optimal:
+            assert f"within {r.gap:.2%}" in r.status
+
+
+@pytest.mark.parametrize("strategy", ["checkmate_milp", "checkmate_lp_rounding", "auto"])
+@pytest.mark.parametrize("fraction", [0.5, 0.7, 0.9])
+def test_status_and_flag_agree(strategy, fraction):
+    graph = synthetic.unet(3)
+    budget = int(fraction * checkpoint_all_peak(graph))
+    for options in ({}, {"time_limit_s": 0.05}, {"mip_gap": 0.1}):
+        try:
+            r = solve(graph, budget, strategy, **options)
+        except (InfeasibleBudgetError, SolverError):
+            continue
+        _agrees(r)

@@ -17,8 +17,8 @@ from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from checkmate.logs import verbose_logging
 
 __all__ = ["EXIT_OK", "EXIT_INTERNAL", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_SOLVER", "EXIT_INTERRUPTED",
-           "Parser", "positive_int", "positive_float", "shape", "strategy_list", "command", "exit_code_for",
-           "describe_error", "stdout_to_stderr", "import_tensorflow_quietly"]
+           "Parser", "positive_int", "positive_float", "gap_fraction", "add_mip_gap", "shape", "strategy_list",
+           "command", "exit_code_for", "describe_error", "stdout_to_stderr", "import_tensorflow_quietly"]
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1          # an unexpected error (a bug), or stdout closed by its reader
@@ -54,6 +54,25 @@ def positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
     return value
+
+
+def gap_fraction(text: str) -> float:
+    """A relative MILP gap: a fraction in [0, 1) (``0.01``) or a percentage (``1%``)."""
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a gap such as 0.01 or 1%, got {text!r}") from None
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"expected a gap in [0, 1) such as 0.01 or 1%, got {text!r}")
+    return value
+
+
+def add_mip_gap(parser: argparse.ArgumentParser) -> None:
+    """``--mip-gap``: where the MILP may stop; results looser than the proven tolerance are not optimal."""
+    parser.add_argument("--mip-gap", type=gap_fraction, default=None, metavar="GAP",
+                        help="relative gap at which the MILP may stop, e.g. 0.01 or 1%% (default 1e-4: "
+                             "proven optimal; a looser result is reported as 'within X%%', not optimal)")
 
 
 def shape(text: str) -> tuple[int, ...]:

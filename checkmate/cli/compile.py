@@ -10,8 +10,8 @@ import argparse
 import json
 import sys
 
-from checkmate.cli._common import (EXIT_INFEASIBLE, EXIT_OK, EXIT_SOLVER, command, positive_float, positive_int,
-                                   shape, stdout_to_stderr)
+from checkmate.cli._common import (EXIT_INFEASIBLE, EXIT_OK, EXIT_SOLVER, add_mip_gap, command, positive_float,
+                                   positive_int, shape, stdout_to_stderr)
 
 __all__ = ["add_parser", "run", "exit_code", "DEFAULT_STRATEGIES"]
 
@@ -29,6 +29,7 @@ def add_parser(sub) -> None:
                    help="one strategy, or a comma-separated list (default: checkpoint_all, chen_sqrtn, auto)")
     p.add_argument("--solver", default=None)
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
+    add_mip_gap(p)
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps to run and time")
     p.add_argument("--json", action="store_true")
@@ -52,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
                         gradient_nodes=True, cost_model="profile", progress=False)
         report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
-                                    time_limit_s=args.time_limit, steps=args.steps)
+                                    time_limit_s=args.time_limit, mip_gap=args.mip_gap, steps=args.steps)
     report["model"] = args.model
     report["batch_size"] = args.batch_size
     report["allocator_note"] = allocator_note(report["device"])

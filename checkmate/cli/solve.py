@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from checkmate.cli._common import EXIT_OK, command, positive_float, stdout_to_stderr
+from checkmate.cli._common import EXIT_OK, add_mip_gap, command, positive_float, stdout_to_stderr
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 
 __all__ = ["add_parsers", "run_strategies", "run_solve"]
@@ -33,6 +33,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--solver", default=None, help="MILP/LP backend: highs (default), cvxpy, gurobi, ortools, or a cvxpy solver name")
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S",
                    help="solver time limit in seconds (default: 600)")
+    add_mip_gap(p)
     p.add_argument("--json", action="store_true",
                    help=f"print one JSON object with the fields {_JSON_FIELDS} (with --strategy all: a list "
                         "of them, one per strategy)")
@@ -54,7 +55,8 @@ def run_strategies(args: argparse.Namespace) -> int:
 
 
 def _solve_kwargs(args: argparse.Namespace) -> dict:
-    return {"solver": args.solver, "time_limit_s": args.time_limit}
+    gap = {} if args.mip_gap is None else {"mip_gap": args.mip_gap}
+    return {"solver": args.solver, "time_limit_s": args.time_limit, **gap}
 
 
 def run_solve(args: argparse.Namespace) -> int:

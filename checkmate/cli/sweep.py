@@ -11,7 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from checkmate.cli._common import EXIT_OK, command, positive_float, positive_int, shape, strategy_list
+from checkmate.cli._common import EXIT_OK, add_mip_gap, command, positive_float, positive_int, shape, strategy_list
 from checkmate.errors import InvalidArgumentError
 
 __all__ = ["add_parser", "run", "PARTIAL_CSV"]
@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--budgets", type=positive_int, default=10, metavar="N")
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
     p.add_argument("--solver", default=None)
+    add_mip_gap(p)
     p.add_argument("--executor", choices=("process", "ray", "serial"), default="process")
     p.add_argument("--workers", type=positive_int, default=None)
     p.set_defaults(handler=command(run, tensorflow=lambda args: bool(args.model)))
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     graph = _graph_from_args(args)
     try:
         result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
-                       time_limit_s=args.time_limit, executor=args.executor, workers=args.workers,
+                       time_limit_s=args.time_limit, mip_gap=args.mip_gap, executor=args.executor,
+                       workers=args.workers,
                        progress=sys.stderr.isatty() or bool(os.environ.get("CHECKMATE_PROGRESS")))
     except SweepInterrupted as exc:
         # the finished solves are kept, apart from the complete sweep files of an earlier run

@@ -18,7 +18,7 @@ from checkmate.bounds import cost_lower_bound
 from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.simulate import simulate
 from checkmate.solvers.registry import STRATEGIES
-from checkmate.solvers.types import SolveOptions, StrategyOutput
+from checkmate.solvers.types import SolveOptions, StrategyOutput, relative_gap, within_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -83,5 +83,9 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     lower = max([min(cost_lower_bound(graph, budget_bytes), cost),
                  *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
     optimal = out.optimal or cost <= lower * (1 + 1e-12)
+    if optimal and not out.optimal:
+        status = f"{name}: optimal (its cost meets the proven lower bound)"
+    elif not optimal and "within" not in status:
+        status += f"; {within_words(relative_gap(cost, lower))}"
     return StrategyOutput(out.schedule, lower_bound=lower, optimal=optimal, status=status,
                           solver=out.solver)

@@ -74,7 +74,7 @@ integral and small (exact under solver tolerances), otherwise a float scale.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -83,7 +83,7 @@ import scipy.sparse as sp
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_strict_descendant"]
+__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_strict_descendant", "cost_granularity"]
 
 # Largest total memory, in units, for which integral units are used: with integrality tolerances of
 # 1e-6 a rounded solution then differs from the solver's rows by less than one unit, so the budget row
@@ -91,6 +91,14 @@ __all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_stri
 _INTEGRAL_UNITS_MAX = 10**5
 # Float scale otherwise: the largest value becomes this many units (keeps coefficients near 1..1e3).
 _FLOAT_UNITS_PER_MAX = 1000.0
+# How far below the truth a solver's proven bound may lie, relative to the objective: the 1e-6
+# feasibility and optimality tolerances HiGHS, Gurobi and CP-SAT's LP share by default.
+_BOUND_TOLERANCE = 1e-6
+# Largest node cost still read as an exact integer: doubles hold every integer up to 2**53, and the
+# sum of a schedule's costs must stay exact too, so leave a factor of 2**10 for the sum.
+_EXACT_COST_MAX = 2.0**43
+# Decimal places tried when looking for a common step of fractional costs (see cost_granularity).
+_COST_DECIMALS = 6
 # Positions other than a stage's own node get a residency row when their working set (output plus
 # inputs) is at least this share of the available memory: there, what is held competes with a large
 # working set. Measured on the profiled U-Net graph at 80% (seeds 0-5): 3.6-4.2 s at 0.35, 5.4-9.1 s
@@ -120,6 +128,9 @@ class SparseModel:
     objective_scale: float = 1.0
     # Whether every row coefficient, bound and objective coefficient is integral (CP-SAT needs that).
     integral_rows: bool = False
+    # The step between two attainable objective values, in model units, when there is one (integral
+    # node costs: their gcd over ``objective_scale``); None when the costs have no common unit.
+    objective_granularity: float | None = None
 
     @property
     def num_cols(self) -> int:
@@ -142,8 +153,43 @@ class SparseModel:
         return worst
 
     def relaxed(self) -> "SparseModel":
-        return SparseModel(self.c, self.offset, self.A, self.row_lo, self.row_hi, self.col_lo, self.col_hi,
-                           np.zeros_like(self.integer), self.objective_scale, self.integral_rows)
+        return replace(self, integer=np.zeros_like(self.integer))
+
+    @property
+    def objective_tolerance(self) -> float:
+        """How far a solver's proven bound may sit below the truth, in model units: the usual 1e-6
+        feasibility tolerance, relative to the objective (at least the offset, every node once)."""
+        return _BOUND_TOLERANCE * max(1.0, abs(float(self.offset)))
+
+    @property
+    def proof_abs_gap(self) -> float | None:
+        """The absolute gap (model units) below which an incumbent is proven optimal: one objective
+        step, less the bound's tolerance; None when the objective has no step or the tolerance
+        swallows it (then only the relative gap can prove anything)."""
+        if self.objective_granularity is None:
+            return None
+        gap = self.objective_granularity - self.objective_tolerance
+        return gap if gap > 0 else None
+
+
+def cost_granularity(cost: np.ndarray) -> float | None:
+    """The step between attainable schedule costs when the node costs share one: their gcd when they
+    are all integers, or integers after shifting the decimal point (up to ``_COST_DECIMALS`` places,
+    so 2.5 and 0.75 give 0.25). Every schedule's cost is a multiple of it, so a gap below it proves
+    optimality. None when the costs share no such step (profiled times at full precision)."""
+    cost = np.asarray(cost, dtype=np.float64)
+    positive = cost[cost > 0]
+    if positive.size == 0:
+        return None
+    for places in range(_COST_DECIMALS + 1):
+        scaled = positive * 10.0**places
+        if scaled.max() > _EXACT_COST_MAX:
+            return None
+        whole = np.round(scaled)
+        # a few units in the last place: the rounding error of the decimal shift, not a real fraction
+        if np.all(np.abs(scaled - whole) <= 4 * np.spacing(whole)):
+            return float(np.gcd.reduce(whole.astype(np.int64))) / 10.0**places
+    return None
 
 
 class _Rows:
@@ -339,8 +385,7 @@ class CheckmateFormulation:
         m = self.model
         col_hi = m.col_hi.copy()
         col_hi[self.u_col0:self.u_col0 + self.u_t.size] = cap
-        model = SparseModel(m.c, m.offset, m.A, m.row_lo, m.row_hi, m.col_lo, col_hi, m.integer,
-                            m.objective_scale, m.integral_rows)
+        model = replace(m, col_hi=col_hi)
         out = CheckmateFormulation(**{**self.__dict__, "model": model, "budget_bytes": int(budget_bytes),
                                       "cap_units": float(cap)})
         return out
@@ -724,7 +769,9 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     offset = float(cost.sum()) / cost_scale   # the diagonal: every node once
 
     integral_rows = bool(integral and np.all(np.abs(A.data - np.round(A.data)) < 1e-9))
-    model = SparseModel(obj, offset, A.tocsr(), row_lo, row_hi, col_lo, col_hi, integer, cost_scale, integral_rows)
+    step = cost_granularity(cost)
+    model = SparseModel(obj, offset, A.tocsr(), row_lo, row_hi, col_lo, col_hi, integer, cost_scale, integral_rows,
+                        None if step is None else step / cost_scale)
     return CheckmateFormulation(
         graph=graph, budget_bytes=int(budget_bytes), model=model, mem_unit_bytes=unit, cap_units=float(cap),
         r_col=c.r_col, s_col=c.s_col, r_fixed=c.r_fixed, s_fixed=c.s_fixed,

@@ -46,7 +46,7 @@ from checkmate.schedule import Schedule
 from checkmate.simulate import walk
 from checkmate.solvers.baselines import _Segments
 from checkmate.solvers.milp import lower_bound_lp
-from checkmate.solvers.types import SolveOptions, StrategyOutput
+from checkmate.solvers.types import SolveOptions, StrategyOutput, is_proven_optimal, relative_gap, within_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -524,9 +524,12 @@ def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> 
         bound_text = ("bound from the bytes each node's first run leaves for the values still needed"
                       + ("" if graph.n <= LP_BOUND_MAX_NODES else
                          f" (the LP relaxation is not computed above {LP_BOUND_MAX_NODES} nodes)"))
-    parts = [f"{plan.segments} segments" + (" (long stretches cut at their narrowest points)" if plan.coarsened else ""),
+    gap = relative_gap(cost, bound)
+    optimal = is_proven_optimal(gap)
+    parts = ["optimal" if optimal else within_words(gap),
+             f"{plan.segments} segments" + (" (long stretches cut at their narrowest points)" if plan.coarsened else ""),
              f"{plan.distinct_groups_solved} distinct blocks solved", bound_text, *plan.notes]
-    return StrategyOutput(schedule, lower_bound=bound, optimal=False, status="; ".join(parts), solver="highs")
+    return StrategyOutput(schedule, lower_bound=bound, optimal=optimal, status="; ".join(parts), solver="highs")
 
 
 _logger = logging.getLogger("checkmate")

@@ -26,9 +26,11 @@ from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import simulate
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, get_backend
-from checkmate.solvers.formulation import CheckmateFormulation, build_formulation, max_strict_descendant
+from checkmate.solvers.formulation import (CheckmateFormulation, build_formulation, cost_granularity,
+                                           max_strict_descendant)
 from checkmate.solvers.registry import baseline_specs
-from checkmate.solvers.types import SolveOptions, StrategyOutput
+from checkmate.solvers.types import (SolveOptions, StrategyOutput, is_proven_optimal, relative_gap,
+                                    within_words)
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -207,6 +209,39 @@ def _tolerance_bytes(graph: "Graph", budget_bytes: int) -> int:
     return max(1, math.ceil(1e-6 * max(budget_bytes - int(graph.fixed_mem), 0)))
 
 
+def _proven_bound(form: CheckmateFormulation, bound: float | None) -> float | None:
+    """A proven lower bound in cost units, raised to the next attainable cost when the costs share a
+    step (every schedule's cost is then a multiple of it: see ``cost_granularity``)."""
+    if bound is None or form.model.proof_abs_gap is None:
+        return bound
+    step = cost_granularity(form.graph.cost)
+    tolerance = form.model.objective_tolerance * form.model.objective_scale
+    # whole steps in cost units: exact for integral steps, where model units would leave 38.99999...
+    return max(bound, step * math.ceil((bound - tolerance) / step))
+
+
+def _bound_below(cost: float, bound: float | None) -> float | None:
+    """The bound capped at the schedule's cost, and equal to it when the two differ only by rounding."""
+    if bound is None:
+        return None
+    return cost if bound >= cost - 1e-12 * abs(cost) else bound
+
+
+def _verdict_status(gap: float | None, res, proven_by_lp: bool) -> str:
+    """The status of a MILP result: ``optimal`` exactly when the flag is set, else how far off it may be."""
+    if is_proven_optimal(gap):
+        status = "optimal" if gap <= 1e-9 else f"optimal at the solver's tolerance (gap {100 * gap:.2g}%)"
+        return status + (" (proven by the LP bound)" if proven_by_lp else "")
+    within = "no proven bound" if gap is None else within_words(gap)
+    if res is not None and res.status in (FEASIBLE, NO_SOLUTION):
+        return f"time limit, {within}"
+    if res is None:   # branch and bound is skipped only when the LP bound meets the requested gap
+        return f"{within} (proven by the LP bound; the requested mip_gap)"
+    if res.status == OPTIMAL:
+        return f"{within} (the requested mip_gap)"
+    return f"{res.message}, {within}"
+
+
 # ---------------------------------------------------------------------------------- strategies
 def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
     """(best fitting candidate or None, proven bound or None, last backend result or None).
@@ -233,24 +268,22 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
                                   f"schedule fits ({pool[0].peak_bytes} <= {budget_bytes} bytes); try another solver")
             raise _ProvenInfeasible(f"even the LP relaxation is infeasible ({label})")
         if lp.status == OPTIMAL and lp.x is not None:
-            bound = lp.objective * form.model.objective_scale
+            bound = _proven_bound(form, lp.objective * form.model.objective_scale)
             pool += round_relaxation(graph, form, lp.x, budget_bytes, seed=options.seed, deadline=deadline)
 
-    def gap_of(cand, lower):
-        if cand is None or lower is None:
-            return None
-        return max(cand.cost - lower, 0.0) / cand.cost if cand.cost > 0 else 0.0
+    def solved(cand, lower):
+        """Within the requested gap, or proven optimal (a gap below one cost step)."""
+        gap = None if cand is None else relative_gap(cand.cost, lower)
+        return gap is not None and (gap <= options.mip_gap + 1e-12 or is_proven_optimal(gap))
 
     res = None
     best = min(pool, key=lambda c: c.cost) if pool else None
-    gap = gap_of(best, bound)
-    if best is not None and (gap is None or gap > options.mip_gap + 1e-9) and options.milp.improve_start:
+    if best is not None and not solved(best, bound) and options.milp.improve_start:
         remaining = _remaining(deadline)
         budget_s = _IMPROVE_TIME_S if remaining is None else min(_IMPROVE_TIME_S, _IMPROVE_FRACTION * remaining)
         best = improve_by_holding(graph, best, budget_bytes, deadline=time.perf_counter() + budget_s)
         pool.append(best)
-        gap = gap_of(best, bound)
-    if gap is None or gap > options.mip_gap + 1e-9:
+    if not solved(best, bound):
         x0 = None
         if best is not None and backend.supports_mip_start:
             x0 = form.encode(best.schedule.recompute, best.schedule.retain)
@@ -281,7 +314,7 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
         if not pool and res.status != NO_SOLUTION:
             raise SolverError(f"{label}'s solution does not fit when replayed ({over} > {budget_bytes} bytes)")
         if res.bound is not None:
-            mip_bound = res.bound * form.model.objective_scale
+            mip_bound = _proven_bound(form, res.bound * form.model.objective_scale)
             bound = mip_bound if bound is None else max(bound, mip_bound)
         best = min(pool, key=lambda c: c.cost) if pool else None
     return best, bound, res
@@ -294,8 +327,12 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     rounding (:func:`round_relaxation`) usually an incumbent within the gap already, in which case the
     LP bound proves it and no branch and bound is needed. Otherwise the MILP runs for the remaining
     time, seeded with the best incumbent as a MIP start (where the backend takes one); the incumbent
-    is kept as the answer if the solver finds nothing better in time. ``optimal`` is set only when the
-    returned schedule is within ``options.mip_gap`` of a proven bound.
+    is kept as the answer if the solver finds nothing better in time. The solver stops at the relative
+    gap ``options.mip_gap`` (default 1e-4) or, with integral costs, once the gap is below their gcd.
+    ``optimal`` is set only when the returned schedule is proven optimal at the solvers' tolerance: a
+    relative gap of at most 1e-4 to the proven bound, the bound first raised to the next attainable
+    cost when costs are integral (so a gap below one cost step proves the exact optimum). A looser
+    result says ``within X% of the optimum`` in its status.
 
     ``options.milp`` (:class:`~checkmate.solvers.types.MilpOptions`): ``root_lp=False`` skips the LP-and-rounding phase (straight to the MILP);
     ``exact_free=True`` builds the model with the exact FREE definition; ``flow_rows=False`` leaves out
@@ -321,18 +358,10 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     if best is None:
         raise SolverError(f"{label} found no schedule within the time limit and no baseline fits "
                           f"{budget_bytes} bytes; raise time_limit_s or the budget")
-    if bound is not None:
-        bound = min(bound, best.cost)
-    gap = None if bound is None else (best.cost - bound) / best.cost if best.cost > 0 else 0.0
-    optimal = gap is not None and gap <= options.mip_gap + 1e-9
-    if optimal:
-        status = "optimal" if gap <= 1e-9 else f"optimal within {gap:.2%}"
-        if res is None:
-            status += " (proven by the LP bound)"
-    elif res is not None and res.status in (FEASIBLE, NO_SOLUTION):
-        status = "time limit" + (f", gap {gap:.2%}" if gap is not None else "")
-    else:
-        status = (res.message if res is not None else "LP relaxation") + (f", gap {gap:.2%}" if gap is not None else "")
+    bound = _bound_below(best.cost, bound)
+    gap = relative_gap(best.cost, bound)
+    optimal = is_proven_optimal(gap)
+    status = _verdict_status(gap, res, proven_by_lp=res is None)
     if best.source != label:
         status += f" (schedule from {best.source})"
     return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal, status=status, solver=label)
@@ -357,10 +386,17 @@ def _solve_relaxation(graph: "Graph", budget_bytes: int, options: SolveOptions, 
 
 
 def lower_bound_lp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
-    """The LP relaxation's optimum: no schedule within the budget costs less."""
+    """The LP relaxation's optimum: no schedule within the budget costs less. When the node costs
+    share a step (integers, or decimals with few places), the bound is raised to the next multiple
+    of it that a schedule can cost, as the MILP's bounds are."""
     form, res, label, _ = _solve_relaxation(graph, budget_bytes, options, "lower_bound_lp")
-    return StrategyOutput(None, lower_bound=res.objective * form.model.objective_scale, optimal=False,
-                          status="LP relaxation solved", solver=label)
+    raw = res.objective * form.model.objective_scale
+    bound = _proven_bound(form, raw)
+    status = "LP relaxation solved"
+    if bound > raw:
+        step = form.model.objective_granularity * form.model.objective_scale
+        status += f" (its optimum {raw:.6g} raised to the next multiple of the cost step {step:.6g})"
+    return StrategyOutput(None, lower_bound=bound, optimal=False, status=status, solver=label)
 
 
 def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
@@ -495,7 +531,9 @@ def checkmate_lp_rounding(graph: "Graph", budget_bytes: int, options: SolveOptio
         raise SolverError(f"no rounding of the LP relaxation fits {budget_bytes} bytes; "
                           "use checkmate_milp for this budget")
     best = min(found, key=lambda c: c.cost)
-    bound = min(bound, best.cost)
-    gap = (best.cost - bound) / best.cost if best.cost > 0 else 0.0
-    return StrategyOutput(best.schedule, lower_bound=bound, optimal=gap <= options.mip_gap + 1e-9,
-                          status=f"LP rounding ({best.source}), gap {gap:.2%}", solver=label)
+    bound = _bound_below(best.cost, _proven_bound(form, bound))
+    gap = relative_gap(best.cost, bound)
+    optimal = is_proven_optimal(gap)
+    verdict = "optimal" if optimal else within_words(gap)
+    return StrategyOutput(best.schedule, lower_bound=bound, optimal=optimal,
+                          status=f"{verdict} (LP rounding, {best.source})", solver=label)

@@ -17,7 +17,29 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["DEFAULT_TIME_LIMIT_S", "MilpOptions", "SolveOptions", "StrategyOutput", "StrategyKind", "StrategySpec",
-           "option_names"]
+           "option_names", "PROVEN_MIP_GAP", "relative_gap", "is_proven_optimal", "within_words"]
+
+# The relative gap at which a MILP counts as solved and ``optimal`` is claimed: the default of HiGHS,
+# Gurobi and SCIP, i.e. proven at the solver's own tolerance. (With integral costs an absolute gap
+# below their gcd also proves the optimum: see SparseModel.proof_abs_gap.)
+PROVEN_MIP_GAP = 1e-4
+
+
+def relative_gap(cost: float, bound: float | None) -> float | None:
+    """``(cost - bound) / cost``, at least 0; None without a bound."""
+    if bound is None:
+        return None
+    return max(cost - bound, 0.0) / cost if cost > 0 else 0.0
+
+
+def is_proven_optimal(gap: float | None) -> bool:
+    """Whether a relative gap to a proven bound proves optimality at the solvers' tolerance."""
+    return gap is not None and gap <= PROVEN_MIP_GAP + 1e-12
+
+
+def within_words(gap: float) -> str:
+    """What a result that is not proven optimal says of itself (a gap above 1e-4 never prints as 0.00%)."""
+    return f"within {gap:.2%} of the optimum"
 
 
 # What ``time_limit_s=None`` means: a solve never runs without end. Ten minutes lets the exact MILP
@@ -47,7 +69,7 @@ class SolveOptions:
 
     solver: str | None = None          # backend name for MILP/LP strategies ("cvxpy", "gurobi", ...)
     time_limit_s: float | None = None
-    mip_gap: float = 0.005             # relative gap at which a MILP counts as solved (0.5%)
+    mip_gap: float = PROVEN_MIP_GAP    # relative gap at which the solver may stop (looser: not optimal)
     threads: int | None = None
     verbose: bool = False
     seed: int = 0

@@ -119,12 +119,13 @@ def measure_plain(lowered: LoweredGraph, flat: Sequence[Any], *, steps: int = 3,
 
 def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies: Sequence[str], budget: Any, *,
                        solver: str | None = None, time_limit_s: float | None = None, steps: int = 3,
-                       optimizer: Any = None, plain: dict | None = None) -> dict:
+                       optimizer: Any = None, plain: dict | None = None, mip_gap: float | None = None) -> dict:
     """Compile ``lowered`` with each strategy and measure it against the plain step (the demo's view).
 
     Returns ``{"plain": {...}, "rows": [{...} per strategy]}`` with predicted and measured peaks (step
     peaks: bytes allocated on top of the resident parameters and batch), predicted overhead,
     measured step time and its ratio to the plain step's, and the max gradient difference.
+    ``mip_gap`` (None: the default, proven optimal) is passed to every solve.
     """
     x, y = random_batch(lowered, model)
     flat = x + y
@@ -144,7 +145,8 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
         row: dict[str, Any] = {"strategy": name}
         try:
             step = compile_lowered(lowered, model, loss, optimizer, budget=per_strategy, strategy=name, solver=solver,
-                                   time_limit_s=time_limit_s, device=device)
+                                   time_limit_s=time_limit_s, device=device,
+                                   **({} if mip_gap is None else {"mip_gap": mip_gap}))
         except InfeasibleBudgetError as exc:
             row.update(status="infeasible", min_feasible_budget_bytes=exc.min_feasible_budget_bytes,
                        budget_bytes=exc.budget_bytes)

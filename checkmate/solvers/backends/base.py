@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 from checkmate.errors import BackendUnavailableError, SolverError
+from checkmate.solvers.types import PROVEN_MIP_GAP
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.solvers.formulation import SparseModel
@@ -64,10 +65,12 @@ class Backend(abc.ABC):
         INFEASIBLE or NO_SOLUTION. Read once the solver's package is imported."""
 
     @abc.abstractmethod
-    def solve(self, model: "SparseModel", *, time_limit_s: float | None = None, mip_gap: float = 0.005,
+    def solve(self, model: "SparseModel", *, time_limit_s: float | None = None, mip_gap: float = PROVEN_MIP_GAP,
               threads: int | None = None, verbose: bool = False,
               mip_start: np.ndarray | None = None) -> BackendResult:
-        """Solve ``model`` (an LP when nothing is integral)."""
+        """Solve ``model`` (an LP when nothing is integral). The solver stops at the relative gap
+        ``mip_gap`` or, when the model's objective moves in steps, at an absolute gap below one step
+        (``model.proof_abs_gap``): either way the incumbent is then proven within that gap."""
 
     def outcome(self, status: Any, has_solution: bool, unknown_message: str) -> str:
         """The status a result reports for the solver's ``status``; an unmapped status raises

@@ -16,20 +16,32 @@ from checkmate.errors import BackendUnavailableError, SolverError
 from checkmate.solvers.backends.base import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, OPTIMAL, Backend, BackendResult,
                                              quiet_stdout, require_package, split_rows)
 from checkmate.solvers.backends.gurobi import size_limited_licence_refuses
+from checkmate.solvers.types import PROVEN_MIP_GAP
 
 __all__ = ["CvxpyBackend", "CVXPY_MILP_SOLVERS"]
 
-# MILP-capable solvers cvxpy can drive, with how each takes a time limit, a relative gap and threads.
+# MILP-capable solvers cvxpy can drive, with how each takes a time limit t, a relative gap g, an
+# absolute gap a (None: the solver's own) and threads th. GLPK_MI and SciPy take no absolute gap.
+def _given(key, value):
+    return {} if value is None else {key: value}
+
+
 CVXPY_MILP_SOLVERS = {
-    "HIGHS": lambda t, g, th: {**({"time_limit": t} if t else {}), "mip_rel_gap": g, **({"threads": th} if th else {})},
-    "SCIPY": lambda t, g, th: {"scipy_options": {**({"time_limit": t} if t else {}), "mip_rel_gap": g}},
-    "GUROBI": lambda t, g, th: {**({"TimeLimit": t} if t else {}), "MIPGap": g, **({"Threads": th} if th else {})},
-    "SCIP": lambda t, g, th: {"scip_params": {**({"limits/time": t} if t else {}), "limits/gap": g}},
-    "GLPK_MI": lambda t, g, th: {**({"tm_lim": int(t * 1000)} if t else {}), "mip_gap": g},
-    "CBC": lambda t, g, th: {**({"maximumSeconds": int(math.ceil(t))} if t else {}), "allowableFractionGap": g},
-    "CPLEX": lambda t, g, th: {"cplex_params": {**({"timelimit": t} if t else {}), "mip.tolerances.mipgap": g}},
-    "MOSEK": lambda t, g, th: {"mosek_params": {**({"MSK_DPAR_OPTIMIZER_MAX_TIME": t} if t else {}),
-                                                "MSK_DPAR_MIO_TOL_REL_GAP": g}},
+    "HIGHS": lambda t, g, a, th: {**_given("time_limit", t), "mip_rel_gap": g, **_given("mip_abs_gap", a),
+                                  **_given("threads", th)},
+    "SCIPY": lambda t, g, a, th: {"scipy_options": {**_given("time_limit", t), "mip_rel_gap": g}},
+    "GUROBI": lambda t, g, a, th: {**_given("TimeLimit", t), "MIPGap": g, **_given("MIPGapAbs", a),
+                                   **_given("Threads", th)},
+    "SCIP": lambda t, g, a, th: {"scip_params": {**_given("limits/time", t), "limits/gap": g,
+                                                 **_given("limits/absgap", a)}},
+    "GLPK_MI": lambda t, g, a, th: {**_given("tm_lim", None if t is None else int(t * 1000)), "mip_gap": g},
+    "CBC": lambda t, g, a, th: {**_given("maximumSeconds", None if t is None else int(math.ceil(t))),
+                                "allowableFractionGap": g, **_given("allowableGap", a)},
+    "CPLEX": lambda t, g, a, th: {"cplex_params": {**_given("timelimit", t), "mip.tolerances.mipgap": g,
+                                                   **_given("mip.tolerances.absmipgap", a)}},
+    "MOSEK": lambda t, g, a, th: {"mosek_params": {**_given("MSK_DPAR_OPTIMIZER_MAX_TIME", t),
+                                                   "MSK_DPAR_MIO_TOL_REL_GAP": g,
+                                                   **_given("MSK_DPAR_MIO_TOL_ABS_GAP", a)}},
 }
 
 
@@ -55,7 +67,7 @@ class CvxpyBackend(Backend):
         return {cp.OPTIMAL: OPTIMAL, cp.OPTIMAL_INACCURATE: OPTIMAL, cp.USER_LIMIT: FEASIBLE,
                 cp.INFEASIBLE: INFEASIBLE, cp.INFEASIBLE_INACCURATE: INFEASIBLE, infeasible_or_unbounded: INFEASIBLE}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None):
         import cvxpy as cp
 
         A = model.A.tocsc()
@@ -90,8 +102,10 @@ class CvxpyBackend(Backend):
             else:
                 cons.append(expr >= model.row_lo[mask])
         problem = cp.Problem(objective, cons)
-        opts = CVXPY_MILP_SOLVERS[self.solver](time_limit_s, mip_gap, threads) if self.solver in CVXPY_MILP_SOLVERS else {}
         is_mip = bool(integer.any())
+        abs_gap = model.proof_abs_gap if is_mip else None
+        opts = (CVXPY_MILP_SOLVERS[self.solver](time_limit_s, mip_gap, abs_gap, threads or None)
+                if self.solver in CVXPY_MILP_SOLVERS else {})
         if not is_mip:
             opts = {k: v for k, v in opts.items() if k in ("time_limit", "TimeLimit", "threads", "Threads")}
         start = time.perf_counter()

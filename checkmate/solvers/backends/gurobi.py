@@ -14,6 +14,7 @@ import numpy as np
 from checkmate.errors import BackendUnavailableError, SolverError
 from checkmate.solvers.backends.base import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, OPTIMAL, Backend, BackendResult,
                                              require_package, split_rows)
+from checkmate.solvers.types import PROVEN_MIP_GAP
 
 __all__ = ["GurobiBackend", "size_limited_licence_refuses"]
 
@@ -74,7 +75,7 @@ class GurobiBackend(Backend):
         return {GRB.OPTIMAL: OPTIMAL, GRB.INFEASIBLE: INFEASIBLE, GRB.INF_OR_UNBD: INFEASIBLE,
                 **{status: FEASIBLE for status in stopped}}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None):
         import gurobipy as gp
         from gurobipy import GRB
 
@@ -86,6 +87,8 @@ class GurobiBackend(Backend):
             if time_limit_s is not None:
                 m.Params.TimeLimit = float(max(time_limit_s, 0.01))
             m.Params.MIPGap = float(mip_gap)
+            if model.proof_abs_gap is not None:
+                m.Params.MIPGapAbs = float(model.proof_abs_gap)
             if threads:
                 m.Params.Threads = int(threads)
             vtype = np.where(model.integer, GRB.INTEGER, GRB.CONTINUOUS)

@@ -9,6 +9,7 @@ import numpy as np
 from checkmate.errors import SolverError
 from checkmate.solvers.backends.base import (FEASIBLE, INFEASIBLE, OPTIMAL, Backend, BackendResult, quiet_stdout,
                                              require_package)
+from checkmate.solvers.types import PROVEN_MIP_GAP
 
 __all__ = ["HighsBackend"]
 
@@ -39,7 +40,7 @@ class HighsBackend(Backend):
         return {ms.kOptimal: OPTIMAL, ms.kInfeasible: INFEASIBLE, ms.kUnboundedOrInfeasible: INFEASIBLE,
                 **{status: FEASIBLE for status in stopped}}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None,
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
               extra_options=None):
         began = time.perf_counter()
         result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options)
@@ -67,6 +68,8 @@ class HighsBackend(Backend):
         if time_limit_s is not None:
             h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
         h.setOptionValue("mip_rel_gap", float(mip_gap))
+        if model.proof_abs_gap is not None:
+            h.setOptionValue("mip_abs_gap", float(model.proof_abs_gap))
         _use_threads(highspy, h, threads)
         options = dict(_MIP_DEFAULTS) if model.integer.any() else {}
         options.update(extra_options or {})

@@ -16,6 +16,7 @@ import numpy as np
 from checkmate.errors import BackendUnavailableError, SolverError
 from checkmate.solvers.backends.base import (DEFAULT_FALLBACK, FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend,
                                              BackendResult, require_package)
+from checkmate.solvers.types import PROVEN_MIP_GAP
 
 __all__ = ["CpSatBackend"]
 
@@ -47,7 +48,7 @@ class CpSatBackend(Backend):
         return {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE, cp_model.INFEASIBLE: INFEASIBLE,
                 cp_model.UNKNOWN: NO_SOLUTION}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=0.005, threads=None, verbose=False, mip_start=None):
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None):
         from ortools.sat.python import cp_model
 
         if not model.integer.any():
@@ -86,6 +87,8 @@ class CpSatBackend(Backend):
         if time_limit_s is not None:
             solver.parameters.max_time_in_seconds = float(max(time_limit_s, 0.01))
         solver.parameters.relative_gap_limit = float(mip_gap)
+        if model.proof_abs_gap is not None:
+            solver.parameters.absolute_gap_limit = float(model.proof_abs_gap)
         solver.parameters.num_workers = int(threads) if threads else 2
         solver.parameters.log_search_progress = bool(verbose)
         start = time.perf_counter()
@@ -98,7 +101,8 @@ class CpSatBackend(Backend):
         bound_value = float(response.best_objective_bound) if has_solution or status == cp_model.UNKNOWN else None
         out = self.outcome(status, has_solution, f"CP-SAT stopped with status {solver.StatusName(status)}: "
                                                  f"{response.solution_info or 'invalid model'}")
-        if out == FEASIBLE and (objective - bound_value) / max(abs(objective), 1e-9) <= mip_gap + 1e-12:
+        if out == FEASIBLE and ((objective - bound_value) / max(abs(objective), 1e-9) <= mip_gap + 1e-12
+                                or model.proof_abs_gap is not None and objective - bound_value <= model.proof_abs_gap):
             out = OPTIMAL    # within the requested gap: solved, as the other backends report it
         return BackendResult(out, x, objective, bound_value, solver=self.label,
                              message=solver.StatusName(status), seconds=seconds)
