@@ -327,8 +327,8 @@ def section_baseline_cli_time(folder: Path) -> str:
 def section_scale(folder: Path) -> str:
     out = ["## h. Scale: deep models, 300 to 10,000-node graphs\n",
            "Decoder-only transformers (pre-LN, causal attention, GELU MLP; batch 8, sequence 128, width 256) and "
-           "ResNet-50/101/152 (64x64 inputs, batch 8), at layer level (gradient nodes) and op level, at half of "
-           "each graph's checkpoint-all peak. Every strategy gets the same time limit; the flat MILP is not "
+           "ResNet-50/101/152 (64x64 inputs, batch 8), at layer level (gradient nodes) and op level, at each "
+           "graph's fixed bytes (weights, their gradients, the batch) plus half of the rest of its checkpoint-all peak. Every strategy gets the same time limit; the flat MILP is not "
            "attempted where its O(n^2) model would not fit in memory. The gap is the one the result proves "
            "against its stated lower bound (`experiments/scale.py`).\n"]
     path = folder / "scale.csv"

@@ -68,6 +68,8 @@ DP_BUCKETS = 1500
 # Replays used to calibrate the programme's working-memory model and to settle its planning budget.
 CALIBRATION_ROUNDS = 3
 SETTLE_ROUNDS = 12
+# Programme rounds that still run after the time limit when no schedule fits yet.
+LATE_ROUNDS = 3
 # Flat LP bound: computed when the graph has at most this many nodes (its model has O(n^2) variables:
 # 6 s at 118 nodes, 19 s at 152, over 120 s at 326 on this project's 2-core machine), within at most
 # this share of the time limit.
@@ -458,9 +460,14 @@ def hierarchical_schedule(graph: "Graph", budget_bytes: int, *, deadline: float 
     try:
         work = dict(planner._work)
         target = budget_bytes
+        late_rounds = 0
         for round_index in range(CALIBRATION_ROUNDS + SETTLE_ROUNDS):
             if planner._time_left() <= 0:
-                break
+                # Past the deadline (the menus took it all): a few programme rounds still run, each a
+                # dynamic programme and one replay, so that the menus are not wasted on a fallback.
+                late_rounds += 1
+                if best is not None or late_rounds > LATE_ROUNDS:
+                    break
             choice = planner.solve_dp(target, work)
             if choice is None:
                 if round_index >= CALIBRATION_ROUNDS:
