@@ -3,8 +3,9 @@
 Deep transformer stacks (decoder-only: pre-LN, causal multi-head attention, GELU MLP; batch 8,
 sequence 128, width 256) and ResNet-50/101/152 (keras.applications, 64x64 inputs, batch 8) are
 lowered at layer level (gradient nodes) and op level. On each graph, at its fixed bytes (weights,
-their gradients, the batch) plus half of the rest of its checkpoint-all peak, every strategy gets
-the same time limit: the hierarchical strategy, Chen et al.'s greedy
+their gradients, the batch) plus half of the rest of its checkpoint-all peak (or, where no baseline
+reaches that, halfway between the least peak a baseline reaches and the checkpoint-all peak), every
+strategy gets the same time limit: the hierarchical strategy, Chen et al.'s greedy
 segmentation, binomial checkpointing (griewank_logn) and the flat MILP. Each solve runs in a child
 process that is stopped at twice the limit (the flat MILP builds its O(n^2) model before its time
 limit applies); the flat MILP is not attempted where its model would not fit in memory.
@@ -14,6 +15,7 @@ gap it proves, and the status.
 
     python experiments/scale.py --quick    # 4- and 12-block transformers, ResNet-50 at layer level
     python experiments/scale.py            # 12/24/48/96 blocks (layer), 12/24/48 (op), ResNet-50/101/152
+    python experiments/scale.py --models resnet   # only those configurations, merged into scale.csv
 """
 
 from __future__ import annotations
@@ -87,6 +89,32 @@ def graph_for(model: str, depth: int, level: str):
     return graph
 
 
+def least_baseline_peak(graph) -> int:
+    """The least peak that chen_greedy, griewank_logn or checkpoint_last_node reaches on ``graph``."""
+    import checkmate
+
+    peaks = []
+    for name in ("chen_greedy", "griewank_logn", "checkpoint_last_node"):
+        try:
+            peaks.append(checkmate.solve(graph, graph.fixed_mem + 1, strategy=name).peak_memory_bytes)
+        except checkmate.errors.InfeasibleBudgetError as exc:
+            if exc.min_feasible_budget_bytes is not None:
+                peaks.append(int(exc.min_feasible_budget_bytes))
+    return min(peaks)
+
+
+def budget_for(graph) -> int:
+    """Fixed bytes plus ACTIVATION_FRACTION of the rest of the checkpoint-all peak; where no baseline
+    reaches that, halfway between the least baseline peak and the checkpoint-all peak instead, so that
+    every configuration has feasible schedules to compare."""
+    from checkmate.bounds import checkpoint_all_peak
+
+    peak = checkpoint_all_peak(graph)
+    budget = graph.fixed_mem + int(ACTIVATION_FRACTION * (peak - graph.fixed_mem))
+    frugal = least_baseline_peak(graph)
+    return budget if budget >= frugal else frugal + (peak - frugal) // 2
+
+
 def _solve_child(path: str, budget: int, strategy: str, time_limit_s: float, queue) -> None:
     import checkmate
 
@@ -121,20 +149,25 @@ def run_one(path: Path, nodes: int, budget: int, strategy: str, time_limit_s: fl
 def main(argv=None) -> int:
     p = common.parser(__doc__.splitlines()[0])
     p.add_argument("--time-limit", type=float, default=None, help="seconds per solve")
+    p.add_argument("--models", choices=("transformer", "resnet"), default=None,
+                   help="run only this family and merge its rows into an existing scale.csv")
     args = p.parse_args(argv)
     setting = QUICK if args.quick else FULL
     limit = args.time_limit or setting["time_limit_s"]
     started = time.perf_counter()
-    from checkmate.bounds import checkpoint_all_peak
-
     CACHE.mkdir(parents=True, exist_ok=True)
     rows = []
     configs = [("transformer", d, lvl) for d, lvl in setting["transformer"]] + \
               [("resnet", d, lvl) for d, lvl in setting["resnet"]]
+    if args.models:
+        configs = [c for c in configs if c[0] == args.models]
+        existing = args.out / "scale.csv"
+        if existing.exists():
+            rows = [r for r in common.read_csv(existing) if r["model"] != args.models]
     for model, depth, level in configs:
         graph = graph_for(model, depth, level)
         path = CACHE / f"{model}{depth}_{level}.json"
-        budget = graph.fixed_mem + int(ACTIVATION_FRACTION * (checkpoint_all_peak(graph) - graph.fixed_mem))
+        budget = budget_for(graph)
         for strategy in STRATEGIES:
             row = {"model": model, "level": level, "depth": depth, "nodes": graph.n, "strategy": strategy,
                    "budget_bytes": budget, "time_limit_s": limit}
