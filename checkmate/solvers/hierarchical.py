@@ -519,10 +519,12 @@ def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> 
     start = time.perf_counter()
     deadline = None if options.time_limit_s is None else start + float(options.time_limit_s)
     plan = HierarchicalPlan()
-    reporter = _ProgressLog(graph.total_cost) if options.verbose or _logger.isEnabledFor(logging.INFO) else None
+    memory_bound = cost_lower_bound(graph, budget_bytes)
+    reporter = (_ProgressLog(graph.total_cost, memory_bound)
+                if options.verbose or _logger.isEnabledFor(logging.INFO) else None)
     schedule, cost, peak = hierarchical_schedule(graph, budget_bytes, deadline=deadline, plan=plan,
                                                  progress=reporter)
-    memory_bound = min(cost_lower_bound(graph, budget_bytes), cost)
+    memory_bound = min(memory_bound, cost)
     lp = _lp_bound(graph, budget_bytes, options, deadline)
     if lp is not None and lp > memory_bound:
         bound, bound_text = min(lp, cost), "bound from the LP relaxation"
@@ -547,8 +549,9 @@ class _ProgressLog:
 
     INTERVAL_S = 2.0
 
-    def __init__(self, baseline_cost: float):
+    def __init__(self, baseline_cost: float, bound: float):
         self.baseline = baseline_cost
+        self.bound = bound
         self.last = -math.inf
 
     def __call__(self, elapsed_s: float, best_cost: float | None) -> None:
@@ -556,4 +559,5 @@ class _ProgressLog:
             return
         self.last = elapsed_s
         best = "none fits yet" if best_cost is None or self.baseline <= 0 else f"{best_cost / self.baseline:.4f}x"
-        _logger.info("hierarchical: %.1f s, best overhead %s", elapsed_s, best)
+        bound = f"{self.bound / self.baseline:.4f}x" if self.baseline > 0 and math.isfinite(self.bound) else "none"
+        _logger.info("hierarchical: %.1f s, best overhead %s, bound %s", elapsed_s, best, bound)
