@@ -108,6 +108,9 @@ class _InterruptWatch:
     def start(cls) -> "_InterruptWatch | None":
         if threading.current_thread() is not threading.main_thread():
             return None  # signals reach the main thread only; an embedding caller handles them
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            # a shell starts background commands with SIGINT ignored; the command still stops on it
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         try:
