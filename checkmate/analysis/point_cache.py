@@ -1,0 +1,85 @@
+"""Results of long experiment runs, kept per point so an interrupted run resumes where it stopped.
+
+A *point* is one unit of work of a sweep or search (one strategy at one budget, one batch-size probe).
+Its key is a JSON-able description of everything its result depends on (model, input shape, memory
+limit, strategy, budget, solver options); the result is a JSON-able dict. Each result is its own file,
+named by a hash of the key and written atomically (:mod:`checkmate.io`), so a run killed at any moment
+leaves only complete results behind, and a rerun with the same settings reads them instead of
+recomputing. The key is stored beside the result and compared on reading, so a hash collision or a
+file from an older format reads as a miss, never as a wrong answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from checkmate.io import atomic_write_json
+
+__all__ = ["PointCache", "point_key"]
+
+# Bumped whenever the meaning of a cached result changes, so older files read as misses.
+_FORMAT_VERSION = 1
+
+
+def point_key(key: Any) -> str:
+    """The canonical text of a key: sorted JSON, so equal keys built in different orders match."""
+    return json.dumps(key, sort_keys=True, separators=(",", ":"), default=str)
+
+
+class PointCache:
+    """Per-point results under ``directory`` (created on first write).
+
+    ``PointCache(None)`` is a cache that stores nothing, so callers need no special case for runs
+    that should not be cached.
+    """
+
+    def __init__(self, directory: str | os.PathLike | None):
+        self.directory = Path(directory) if directory is not None else None
+        self.hits = 0
+        self.misses = 0
+
+    def _path(self, text: str) -> Path:
+        assert self.directory is not None
+        digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        return self.directory / f"{digest}.json"
+
+    def get(self, key: Any) -> dict | None:
+        """The stored result of ``key``, or ``None`` if it has none (or an unreadable one)."""
+        if self.directory is None:
+            return None
+        text = point_key(key)
+        path = self._path(text)
+        try:
+            stored = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(stored, dict) or stored.get("version") != _FORMAT_VERSION or stored.get("key") != text:
+            return None
+        return stored.get("result")
+
+    def put(self, key: Any, result: dict) -> None:
+        if self.directory is None:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        text = point_key(key)
+        atomic_write_json(self._path(text), {"version": _FORMAT_VERSION, "key": text, "result": result})
+
+    def get_or_compute(self, key: Any, compute: Callable[[], dict]) -> dict:
+        """The cached result of ``key``, computing and storing it on a miss."""
+        found = self.get(key)
+        if found is not None:
+            self.hits += 1
+            return found
+        self.misses += 1
+        result = compute()
+        self.put(key, result)
+        return result
+
+    def __len__(self) -> int:
+        if self.directory is None or not self.directory.is_dir():
+            return 0
+        return sum(1 for _ in self.directory.glob("*.json"))
