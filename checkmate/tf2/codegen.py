@@ -20,6 +20,11 @@ The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` insid
 optimizer (whose dependency optimizer drops ordering edges) is disabled only while the generated
 function runs, and the previous setting is restored afterwards (:func:`checkmate.tf2._compat.
 grappler_disabled`).
+
+Under a ``tf.distribute`` strategy the step is one replica's (traced in a replica context): each
+replica imports the GraphDef inside ``strategy.run`` (:meth:`RematFunction.replica_call`), feeding
+the handles of its own copies of the distributed variables, and the results are summed over the
+replicas with ``strategy.reduce``.
 """
 
 from __future__ import annotations
@@ -276,52 +281,133 @@ class RematFunction:
         self._captures = tuple(external for external, _ in fn_graph.captures)
         self._function = self._build_function()
         self._concrete = None
+        self._distributed_function = None
+
+    def _capture_feeds(self) -> list:
+        """The tensors fed for the captured variables, in the current graph: a fresh identity per
+        capture (import_graph_def needs a tensor of this graph). Under a strategy, a distributed
+        variable's handle is read in the current replica context, so each replica reads its own copy."""
+        variables = self.lowered.capture_variables or (None,) * len(self._captures)
+        return [tf.identity(external if variable is None else variable.handle)
+                for external, variable in zip(self._captures, variables)]
+
+    def _import(self, flat: Sequence[Any], scope: str = IMPORT_SCOPE, graph_def: Any = None,
+                outputs: Sequence[str] | None = None) -> tuple:
+        feeds = self.rewritten.feed_names
+        input_map = {f"{name}:0": t for name, t in zip(feeds, flat)}
+        for name, tensor in zip(feeds[len(flat):], self._capture_feeds()):
+            input_map[f"{name}:0"] = tensor
+        results = tf.graph_util.import_graph_def(
+            self.rewritten.graph_def if graph_def is None else graph_def, input_map=input_map,
+            return_elements=list(self.rewritten.output_names if outputs is None else outputs), name=scope)
+        return tuple(results)
 
     def _build_function(self, scope: str = IMPORT_SCOPE):
-        graph_def = self.rewritten.graph_def
-        feeds = self.rewritten.feed_names
-        outputs = list(self.rewritten.output_names)
-        captures = self._captures
-
         def body(*flat):
-            input_map = {f"{name}:0": t for name, t in zip(feeds, flat)}
-            for name, external in zip(feeds[len(flat):], captures):
-                # A fresh identity per capture: import_graph_def needs a tensor of this graph.
-                input_map[f"{name}:0"] = tf.identity(external)
-            results = tf.graph_util.import_graph_def(graph_def, input_map=input_map, return_elements=outputs,
-                                                     name=scope)
-            return tuple(results)
+            return self._import(flat, scope)
 
         return tf.function(body, input_signature=self._specs, autograph=False)
+
+    @property
+    def strategy(self) -> Any:
+        """The ``tf.distribute`` strategy the step was lowered under (``None``: none)."""
+        return self.lowered.strategy
+
+    def replica_call(self, *flat) -> tuple:
+        """``(loss, *grads)`` of one replica's batch, the plan's ops imported into the graph being built.
+
+        For a ``tf.function`` that calls it in each replica's context (``strategy.run``): the ops are
+        placed on that replica's device and read that replica's copy of the variables. The enclosing
+        function runs under :func:`checkmate.tf2._compat.grappler_disabled` (see the module docstring).
+        """
+        if tf.executing_eagerly():
+            raise InvalidArgumentError("replica_call imports the step into a graph: call it inside a tf.function "
+                                       "(e.g. in strategy.run there)")
+        return self._import(flat)
+
+    def plain_replica_call(self, *flat) -> tuple:
+        """:meth:`replica_call` for the plain traced step (no rematerialization)."""
+        if tf.executing_eagerly():
+            raise InvalidArgumentError("plain_replica_call imports the step into a graph: call it inside a "
+                                       "tf.function")
+        lowered = self.lowered
+        return self._import(flat, f"{IMPORT_SCOPE}_plain", lowered.function.graph.as_graph_def(),
+                            (lowered.loss_tensor, *lowered.grad_tensors))
 
     # ------------------------------------------------------------------------------- calling
     @property
     def input_specs(self) -> tuple:
         return self._specs
 
-    def flat_args(self, x: Any, y: Any) -> list:
+    @property
+    def replicas(self) -> int:
+        """Replicas in sync under the step's strategy (1 without one)."""
+        return 1 if self.strategy is None else int(self.strategy.num_replicas_in_sync)
+
+    def flat_args(self, x: Any, y: Any, per_replica: bool = False) -> list:
         """``x`` and ``y`` flattened, checked against the compiled shapes (and tensors' dtypes) where
         they are known (symbolic tensors of unknown batch size pass; the function's signature checks
-        them)."""
+        them). Under a strategy the step is compiled for one replica's batch: a global batch has
+        ``replicas`` times its rows (values already distributed per replica are not checked here);
+        ``per_replica=True`` checks one replica's batch (in a replica context)."""
         flat = list(tf.nest.flatten(x)) + list(tf.nest.flatten(y))
         if len(flat) != len(self._specs):
             raise InvalidArgumentError(f"the step takes {self._n_inputs} input and "
                                        f"{len(self._specs) - self._n_inputs} label tensor(s); got {len(flat)} in all")
         for k, (value, spec) in enumerate(zip(flat, self._specs)):
+            if isinstance(value, tf.distribute.DistributedValues):
+                continue
             what = f"input {k}" if k < self._n_inputs else f"label {k - self._n_inputs}"
             shape = tf.TensorShape(value.shape if hasattr(value, "shape") else np.shape(value))
-            if not shape.is_compatible_with(spec.shape):
-                raise InvalidArgumentError(f"{what} has shape {shape}; the step was compiled for {spec.shape} "
-                                           "(the batch size is part of the compiled plan)")
+            expected = spec.shape
+            if self.replicas > 1 and not per_replica:
+                expected = tf.TensorShape([spec.shape[0] * self.replicas] + spec.shape[1:].as_list())
+            if not shape.is_compatible_with(expected):
+                per_replica = (f" ({self.replicas} replicas x {spec.shape[0]} rows)" if self.replicas > 1 else "")
+                raise InvalidArgumentError(f"{what} has shape {shape}; the step was compiled for {expected}"
+                                           f"{per_replica} (the batch size is part of the compiled plan)")
             # NumPy arrays and Python values are converted to the compiled dtype by TF; tensors are not
             if tf.is_tensor(value) and value.dtype != spec.dtype:
                 raise InvalidArgumentError(f"{what} has dtype {value.dtype.name}; the step was compiled "
                                            f"for {spec.dtype.name}")
         return flat
 
+    def distribute(self, flat: Sequence[Any]) -> list:
+        """Global-batch tensors as per-replica values, replica ``r`` taking rows ``[r * b, (r + 1) * b)``
+        of each (``b``: the compiled batch); values already distributed pass unchanged."""
+        strategy = self.strategy
+        out = []
+        for value, spec in zip(flat, self._specs):
+            if isinstance(value, tf.distribute.DistributedValues):
+                out.append(value)
+                continue
+            tensor = tf.convert_to_tensor(value, spec.dtype)
+            rows = int(spec.shape[0])
+            out.append(strategy.experimental_distribute_values_from_function(
+                lambda ctx, t=tensor: t[ctx.replica_id_in_sync_group * rows:(ctx.replica_id_in_sync_group + 1) * rows]))
+        return out
+
+    def _distributed(self):
+        """``(loss, *grads)`` of a global batch under the strategy: each replica runs the plan on its
+        values; the loss (each replica's share) and the gradients are summed over the replicas, as the
+        optimizer's all-reduce sums them."""
+        if self._distributed_function is None:
+            strategy = self.strategy
+
+            def run(*flat):
+                out = strategy.run(self.replica_call, args=flat)
+                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out)
+
+            self._distributed_function = tf.function(run, autograph=False)
+        return self._distributed_function
+
     @property
     def concrete_function(self):
-        """The generated ``ConcreteFunction`` over the flat inputs (for nesting in other functions)."""
+        """The generated ``ConcreteFunction`` over the flat inputs (for nesting in other functions;
+        without a strategy: under one, :meth:`replica_call` runs the plan in each replica)."""
+        if self.strategy is not None:
+            raise InvalidArgumentError("the step was compiled under a tf.distribute strategy: it runs per replica "
+                                       "(replica_call inside strategy.run), not as one concrete function")
         if self._concrete is None:
             with _compat.grappler_disabled():
                 self._concrete = self._function.get_concrete_function()
@@ -329,11 +415,16 @@ class RematFunction:
 
     def call_flat(self, *flat):
         """Call with flat tensors. Inside another ``tf.function`` this nests the generated function;
-        the caller must then run under :func:`checkmate.tf2._compat.grappler_disabled` itself."""
+        the caller must then run under :func:`checkmate.tf2._compat.grappler_disabled` itself. Under a
+        strategy (called eagerly): the global batch split over the replicas, loss and gradients summed."""
+        if self.strategy is not None:
+            fn, flat = self._distributed(), self.distribute(flat)
+        else:
+            fn = self.concrete_function
         if tf.executing_eagerly():
             with _compat.grappler_disabled():
-                return self.concrete_function(*flat)
-        return self.concrete_function(*flat)
+                return fn(*flat)
+        return fn(*flat)
 
     def __call__(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
         out = self.call_flat(*self.flat_args(x, y))
@@ -363,6 +454,9 @@ class RematFunction:
         Reads the post-optimization graph that TF actually ran (after inlining, Grappler and CSE), so
         a recomputation merged away by the runtime shows up as a missing copy.
         """
+        if self.strategy is not None:
+            raise InvalidArgumentError("executed_op_counts runs one instance of the step: compile it without a "
+                                       "tf.distribute strategy to count its ops")
         flat = self.flat_args(x, y)
         # TF reports the executed graphs only when a function is instantiated: run a fresh
         # instance of the same GraphDef, under the same settings as every call.

@@ -13,6 +13,7 @@ already compiled step instead (fixed batch size, no sample weights).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from typing import TYPE_CHECKING, Any
@@ -23,7 +24,7 @@ import tensorflow as tf
 from checkmate.errors import InvalidArgumentError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowering import training_loss
-from checkmate.tf2.lowering.trace import _resolve_loss, check_not_distributed
+from checkmate.tf2.lowering.trace import _resolve_loss, distribution_strategy
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
@@ -31,8 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RematModel", "check_no_custom_train_step"]
 
 _log = logging.getLogger("checkmate.tf2")
-# keras.Model.fit's batch size when arrays are given without one
-KERAS_DEFAULT_BATCH_SIZE = 32
 
 
 def check_no_custom_train_step(model: Any) -> None:
@@ -83,6 +82,26 @@ def weighted_loss(loss: Any, model: Any):
     return step_loss
 
 
+def _batch_size(x: Any) -> int | None:
+    first = tf.nest.flatten(x)[0]
+    size = first.shape[0] if getattr(first, "shape", None) is not None else None
+    return int(size) if size is not None else None
+
+
+def _unscaled(loss: tf.Tensor) -> tf.Tensor:
+    """A replica's loss (its share of the global batch's) as the batch's own, which Keras' loss
+    tracker averages over the replicas (in a replica context; unchanged without a strategy)."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return loss if replicas == 1 else loss * tf.cast(replicas, loss.dtype)
+
+
+def _run_step(step: "CompiledStep", flat: list) -> tf.Tensor:
+    """One optimizer step of ``step`` on one replica's flat batch, inside the train function."""
+    if step.distribution is not None:
+        return step.replica_train_flat(*flat)
+    return step.train_flat(*flat)
+
+
 def _spec(t: Any, batch: int) -> tf.TensorSpec:
     shape = list(t.shape)
     return tf.TensorSpec([batch] + [int(d) for d in shape[1:]], tf.as_dtype(t.dtype))
@@ -118,6 +137,12 @@ class RematModel(keras.Model):
     already compiled step: the loss and optimizer are the step's, batches must have its size, and
     sample weights are refused.
 
+    - ``tf.distribute``: built and compiled inside ``MirroredStrategy.scope()`` (or
+      ``MultiWorkerMirroredStrategy``'s), ``fit`` compiles the step for the per-replica batch (the
+      global batch divided by the replicas), every replica runs it on its share of each batch, and
+      the optimizer sums the replicas' gradients and applies them once, as Keras' ``fit`` does.
+      Other strategies are refused by name.
+
     A model that overrides ``train_step`` is refused (:func:`check_no_custom_train_step`).
     """
 
@@ -130,7 +155,7 @@ class RematModel(keras.Model):
         if inner is None:
             raise InvalidArgumentError("RematModel needs a Keras model (or a compiled step)")
         check_no_custom_train_step(inner)
-        check_not_distributed(inner)
+        distribution_strategy(inner)
         kwargs.setdefault("name", f"{getattr(inner, 'name', 'model')}_checkmate")
         super().__init__(**kwargs)
         self.step = step
@@ -140,6 +165,7 @@ class RematModel(keras.Model):
         self.strategy = strategy
         self.compile_options = dict(compile_options or {})
         self._steps: dict = {}
+        self._main_batch: int | None = None
         if not self.native:
             self.loss_tracker = keras.metrics.Mean(name="loss")
         if getattr(inner, "built", False):
@@ -184,6 +210,7 @@ class RematModel(keras.Model):
                 raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
                                            "losses themselves")
             self._steps = {}
+            self._main_batch = None
             return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
                                    **kwargs)
         inner_optimizer = getattr(self.step.optimizer, "inner_optimizer", None)
@@ -209,57 +236,99 @@ class RematModel(keras.Model):
 
     # ------------------------------------------------------------------------------ the step
     def compiled_step(self, x: Any = None, y: Any = None) -> "CompiledStep":
-        """The compiled step (native form: compiled for the batch ``(x, y)`` on first use)."""
+        """The compiled step (native form: the one compiled for the first training batch, or for the
+        batch ``(x, y)`` if none is compiled yet; under a strategy, ``(x, y)`` is one replica's batch)."""
         if not self.native:
             return self.step
-        if not self._steps:
+        if self._main_batch is None:
             if x is None:
                 raise InvalidArgumentError("no step compiled yet: it is compiled at the first training batch")
-            self._steps["step"] = self._compile_step(x, y)
-        return self._steps["step"]
+            self._add_step(x, y)
+        return self._steps[self._main_batch]
 
-    def _compile_step(self, x: Any, y: Any) -> "CompiledStep":
+    @property
+    def compiled_steps(self) -> dict:
+        """Native form: the steps compiled so far, by the batch size (per replica) they were planned for."""
+        return dict(self._steps)
+
+    def _add_step(self, x: Any, y: Any) -> "CompiledStep":
+        batch = _batch_size(x)
+        if batch is None:
+            raise InvalidArgumentError("the training batch has no static batch size to compile for")
+        step = self._compile_step(x, y, batch)
+        self._steps[batch] = step
+        if self._main_batch is None:
+            self._main_batch = batch
+        return step
+
+    def _compile_step(self, x: Any, y: Any, batch: int) -> "CompiledStep":
         from checkmate.tf2.step import compile as compile_step
 
         if getattr(self, "optimizer", None) is None or getattr(self, "_compile_loss", None) is None:
             raise InvalidArgumentError("compile the RematModel with an optimizer and a loss before fit()")
-        first = tf.nest.flatten(x)[0]
-        batch = int(first.shape[0]) if first.shape[0] is not None else None
-        if batch is None:
-            raise InvalidArgumentError("the first training batch has no static batch size to compile for")
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), tf.TensorSpec((batch,), tf.float32))
         options = dict(self.compile_options)
         if self.strategy is not None:
             options["strategy"] = self.strategy
-        _log.info("compiling the rematerialized step of %s for batches of %d", self.inner.name, batch)
-        return compile_step(self.inner, weighted_loss(self._loss_argument, self.inner), self.optimizer,
-                            input_spec, label_spec, budget=self.budget, **options)
+        strategy = self._replicated_strategy()
+        _log.info("compiling the rematerialized step of %s for batches of %d%s", self.inner.name, batch,
+                  f" per replica ({strategy.num_replicas_in_sync} replicas)" if strategy is not None else "")
+        # the lowering traces one replica's step under the model's strategy (see distribution_strategy)
+        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+            return compile_step(self.inner, weighted_loss(self._loss_argument, self.inner), self.optimizer,
+                                input_spec, label_spec, budget=self.budget, **options)
+
+    def _replicated_strategy(self) -> Any:
+        """The model's ``tf.distribute`` strategy when it is one the step runs under (else ``None``)."""
+        strategy = self.distribute_strategy
+        if isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+            return strategy
+        return None
 
     @property
     def _loss_argument(self):
         return self._compile_config.config["loss"] if getattr(self, "_compile_config", None) else None
 
-    def _first_batch(self, x: Any, y: Any, batch_size: Any) -> tuple[Any, Any]:
-        """One batch of the training data (its first), to compile the step for."""
-        if isinstance(x, tf.data.Dataset):
-            bx, by, _ = keras.utils.unpack_x_y_sample_weight(next(iter(x)))
-            return bx, by
-        first = tf.nest.flatten(x)[0] if x is not None else None
-        if getattr(first, "shape", None) is not None:
-            size = batch_size or KERAS_DEFAULT_BATCH_SIZE
-            take = lambda t: tf.convert_to_tensor(t[:size])
-            return tf.nest.map_structure(take, x), tf.nest.map_structure(take, y)
-        raise InvalidArgumentError(
-            "RematModel compiles its step from the first training batch: give fit() arrays or a tf.data "
-            "dataset, or call train_on_batch(x, y) once first")
+    def _replica_batches(self, data: Any) -> list[tuple[int, Any, Any]]:
+        """``(rows, x, y)`` of each local replica's part of one batch as ``fit`` hands it to the train
+        function (distributed values: one part per replica; plain tensors: every replica gets them all)."""
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        strategy = self.distribute_strategy
 
-    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
-        if self.native and not self._steps:
-            self.compiled_step(tf.nest.map_structure(tf.convert_to_tensor, x),
+        def parts(t):
+            if isinstance(t, tf.distribute.DistributedValues):
+                return list(strategy.experimental_local_results(t))
+            return None
+
+        first = tf.nest.flatten(x)[0]
+        count = len(parts(first) or [first])
+        pick = lambda k: (lambda t: (parts(t) or [t] * count)[k])
+        out = []
+        for k in range(count):
+            xk = tf.nest.map_structure(pick(k), x)
+            yk = tf.nest.map_structure(pick(k), y)
+            out.append((_batch_size(xk), xk, yk))
+        return out
+
+    def _ensure_steps(self, data: Any) -> None:
+        """Compile, before the train function runs on it, a step for each replica batch size of this
+        batch that no compiled step serves (see :meth:`_step_for`)."""
+        if not self.native:
+            return
+        for rows, x, y in self._replica_batches(data):
+            if rows is not None and self._step_for(rows) is None:
+                self._add_step(tf.nest.map_structure(tf.convert_to_tensor, x),
                                tf.nest.map_structure(tf.convert_to_tensor, y))
-        return super().train_on_batch(x, y, sample_weight=sample_weight, class_weight=class_weight,
-                                      return_dict=return_dict)
+
+    def _step_for(self, rows: int | None) -> "CompiledStep | None":
+        """The step that trains a replica batch of ``rows``: the one compiled for it, else the main one
+        when a smaller batch is padded to it exactly (``rows`` unknown: padded at run time)."""
+        if rows in self._steps:
+            return self._steps[rows]
+        if self._main_batch is not None and (rows is None or rows < self._main_batch):
+            return self._steps[self._main_batch]
+        return None
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -268,27 +337,29 @@ class RematModel(keras.Model):
             pred = self.inner(x, training=False)
         if self.native:
             loss, rows = self._native_step(x, y, sample_weight)
-            self._loss_tracker.update_state(loss, sample_weight=rows)
+            self._loss_tracker.update_state(_unscaled(loss), sample_weight=rows)
             if pred is None:
                 return self.get_metrics_result()
             return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
         if sample_weight is not None:
             raise InvalidArgumentError("a step from checkmate.tf2.compile does not take sample weights: "
                                        "use RematModel(model, budget=...) and compile() it")
-        flat = self.step.function.flat_args(x, y)
         batch = int(self.step.input_specs[0].shape[0])
+        message = (f"this batch's shape differs from the compiled one: the step was compiled for batches of {batch}"
+                   f"{' per replica' if self.step.replicas > 1 else ''}; batch the data with drop_remainder=True, "
+                   "or use RematModel(model, budget=...), which trains a short batch as well")
+        static = _batch_size(x)
+        if static is not None and static != batch:
+            raise InvalidArgumentError(f"{message} (this one has {static} rows)")
+        flat = self.step.function.flat_args(x, y, per_replica=True)
         if flat[0].shape[0] != batch:
-            # a batch of unknown size (a dataset batched without drop_remainder): checked as it runs
-            check = tf.debugging.assert_equal(
-                tf.shape(flat[0])[0], batch,
-                message=f"this batch's shape differs from the compiled one: the step was compiled for batches of "
-                        f"{batch}; batch the data with drop_remainder=True, or use RematModel(model, budget=...), "
-                        "which pads a short batch")
+            # a batch of unknown size: checked as it runs
+            check = tf.debugging.assert_equal(tf.shape(flat[0])[0], batch, message=message)
             with tf.control_dependencies([check]):
                 flat = [tf.identity(t) for t in flat]
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, self.step.input_specs)]
-        loss = self.step.train_flat(*flat)
-        self.loss_tracker.update_state(loss)
+        loss = _run_step(self.step, flat)
+        self.loss_tracker.update_state(_unscaled(loss))
         if pred is not None:
             self.compute_metrics(x, y, pred)
         return {m.name: m.result() for m in self.metrics}
@@ -299,15 +370,19 @@ class RematModel(keras.Model):
                                             getattr(metrics, "_user_weighted_metrics", None))
 
     def _native_step(self, x, y, sample_weight):
-        step = self.compiled_step()
+        static = tf.nest.flatten(x)[0].shape[0]
+        step = self._step_for(static)
+        if step is None:
+            raise InvalidArgumentError(f"no step compiled for batches of {static}: train with fit() or "
+                                       "train_on_batch(), which compile one")
         batch = int(step.input_specs[0].shape[0])
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
         weight = tf.ones((rows,), tf.float32) if sample_weight is None else tf.cast(
             tf.reshape(sample_weight, (rows,)), tf.float32)
-        static = tf.nest.flatten(x)[0].shape[0]
         if static != batch:
-            # The last batch of an epoch: pad to the compiled size; padded rows weigh nothing, and the
-            # real rows are weighted up so that sum(w * l) / batch is the short batch's own mean.
+            # A smaller batch served by a larger step: pad to the compiled size; padded rows weigh
+            # nothing, and the real rows are weighted up so that sum(w * l) / batch is the short
+            # batch's own mean.
             missing = batch - rows
 
             def pad(t):
@@ -317,21 +392,56 @@ class RematModel(keras.Model):
 
             x = tf.nest.map_structure(pad, x)
             y = tf.nest.map_structure(pad, y)
-            weight = pad(weight * tf.cast(batch, tf.float32) / tf.cast(rows, tf.float32))
-        flat = step.function.flat_args(x, (y, weight))
+            weight = pad(tf.math.divide_no_nan(weight * tf.cast(batch, tf.float32), tf.cast(rows, tf.float32)))
+        flat = step.function.flat_args(x, (y, weight), per_replica=True)
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, step.input_specs)]
-        return step.train_flat(*flat), rows
+        return _run_step(step, flat), rows
+
+    def make_train_function(self, force: bool = False):
+        """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,
+        compiles a step for a replica batch size no compiled step serves (the first batch's, a
+        remainder's: see the class docstring), then runs one ``tf.function`` traced per batch shape
+        that runs :meth:`train_step` in each replica (``strategy.run``) and averages the replicas'
+        metric results as Keras does. It runs with the same Grappler setting as the step, so that the
+        plan's ordering edges survive."""
+        if self.train_function is not None and not force:
+            return self.train_function
+        strategy = self.distribute_strategy
+
+        def step_on_data(data):
+            outputs = strategy.run(self.train_step, args=(data,))
+            return tf.nest.map_structure(lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None),
+                                         outputs)
+
+        one_step = step_on_data if self.run_eagerly else tf.function(step_on_data, autograph=False)
+
+        def train_function(iterator):
+            logs = None
+            for _ in range(self.steps_per_execution):
+                try:
+                    data = next(iterator)
+                except (StopIteration, tf.errors.OutOfRangeError):
+                    if logs is None:
+                        raise StopIteration
+                    break
+                # as Keras' own train function: a missing part of a batch (an Optional) is None
+                data = tf.nest.map_structure(lambda t: None if isinstance(t, tf.experimental.Optional) else t, data)
+                self._ensure_steps(data)
+                with _compat.grappler_disabled():
+                    logs = one_step(data)
+            return logs
+
+        self.train_function = train_function
+        return self.train_function
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
-        """``keras.Model.fit``. Native form: the first call compiles the step for its first batch.
-        Compiled-step form: with arrays, ``batch_size`` defaults to the compiled batch size, and a
-        sample count that does not split into whole batches is refused before training starts."""
+        """``keras.Model.fit``. Native form: the first batch compiles the step (per replica under a
+        strategy). Compiled-step form: with arrays, ``batch_size`` defaults to the compiled (global)
+        batch size, and a sample count that does not split into whole batches is refused before
+        training starts."""
         if self.native:
-            if not self._steps:
-                bx, by = self._first_batch(x, y, batch_size)
-                self.compiled_step(bx, by)
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
-        batch = int(self.step.input_specs[0].shape[0])
+        batch = int(self.step.input_specs[0].shape[0]) * self.step.replicas
         first = tf.nest.flatten(x)[0] if x is not None else None
         shape = getattr(first, "shape", None)
         if shape is not None and len(shape) > 0:     # arrays and tensors, not datasets or generators
@@ -355,19 +465,5 @@ class RematModel(keras.Model):
         if sample_weight is not None:
             raise InvalidArgumentError("evaluating the compiled step's loss does not take sample weights")
         pred = self.inner(x, training=False)
-        self.loss_tracker.update_state(training_loss(self.inner, self.step.loss, y, pred))
+        self.loss_tracker.update_state(_unscaled(training_loss(self.inner, self.step.loss, y, pred)))
         return self.compute_metrics(x, y, pred)
-
-    def make_train_function(self, force: bool = False):
-        super().make_train_function(force)
-        inner = self.train_function
-        if inner is not None and not getattr(inner, "_checkmate_scoped", False):
-            def train_function(iterator):
-                # Keras nests the step in its own tf.function; run that one with the same
-                # Grappler setting as the step so that the plan's ordering edges survive.
-                with _compat.grappler_disabled():
-                    return inner(iterator)
-
-            train_function._checkmate_scoped = True
-            self.train_function = train_function
-        return self.train_function

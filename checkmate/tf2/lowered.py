@@ -45,6 +45,12 @@ class LoweredGraph:
         The model's trainable variables, in the order of ``grad_tensors``.
     metadata:
         Free-form facts worth reporting (batch size, cost model, warnings raised while lowering).
+    strategy:
+        The ``tf.distribute`` strategy the step was traced under (one replica's step, its batch the
+        replica's share), or ``None``.
+    capture_variables:
+        Under a strategy, for each tensor ``function`` captures, the distributed variable whose
+        replica copy it is the handle of (``None`` for other captures); empty without a strategy.
     """
 
     graph: Graph
@@ -58,3 +64,5 @@ class LoweredGraph:
     grad_tensors: tuple[str, ...]
     variables: tuple[Any, ...] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    strategy: Any = None
+    capture_variables: tuple[Any, ...] = ()

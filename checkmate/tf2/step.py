@@ -170,24 +170,73 @@ class CompiledStep:
     def input_specs(self) -> tuple:
         return self.function.input_specs
 
+    @property
+    def distribution(self) -> Any:
+        """The ``tf.distribute`` strategy the step was compiled under (``None``: none)."""
+        return self.lowered.strategy
+
+    @property
+    def replicas(self) -> int:
+        return self.function.replicas
+
     # ------------------------------------------------------------------------------ running
     def gradients(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """``(loss, grads)`` of one step on ``(x, y)``; no variable is updated except the step's own
-        state (BatchNorm statistics, dropout seed), exactly as one plain step would."""
+        state (BatchNorm statistics, dropout seed), exactly as one plain step would.
+
+        Under a strategy ``(x, y)`` is the global batch (``replicas`` times the compiled rows): each
+        replica runs the plan on its slice, and the loss and gradients are the sums of the replicas'
+        (each replica's loss being its share, as Keras scales it), i.e. what the optimizer applies."""
         return self.function(x, y)
 
     def plain_gradients(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
         """The same step without rematerialization (the traced plain ``tf.function``)."""
-        out = self.lowered.function(*self.function.flat_args(x, y))
+        flat = self.function.flat_args(x, y)
+        if self.distribution is not None:
+            strategy = self.distribution
+
+            def run(*per_replica):
+                out = strategy.run(self.function.plain_replica_call, args=per_replica)
+                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out)
+
+            out = tf.function(run, autograph=False)(*self.function.distribute(flat))
+        else:
+            out = self.lowered.function(*flat)
         return out[0], list(out[1:])
+
+    def _build_optimizer(self) -> None:
+        if not getattr(self.optimizer, "built", True):
+            if self.distribution is not None:
+                with self.distribution.scope():      # its slots mirrored like the variables
+                    self.optimizer.build(self.variables)
+            else:
+                self.optimizer.build(self.variables)
+
+    def replica_train_flat(self, *flat) -> tf.Tensor:
+        """One replica's step inside a graph (a ``tf.function``, in ``strategy.run`` under a strategy):
+        runs the plan on the replica's batch and applies the gradients with the optimizer, whose
+        ``apply_gradients`` sums them over the replicas and updates once, as in Keras' ``train_step``.
+        Returns the replica's loss (its share under a strategy). The caller runs under
+        :func:`checkmate.tf2._compat.grappler_disabled`; the optimizer is built (``fit`` builds it)."""
+        out = self.function.replica_call(*flat)
+        self.optimizer.apply_gradients(zip(out[1:], self.variables))
+        return out[0]
 
     def _train_function(self):
         if self._train is None:
-            if not getattr(self.optimizer, "built", True):
-                self.optimizer.build(self.variables)
-            remat = self.function.concrete_function
+            self._build_optimizer()
             variables = self.variables
             optimizer = self.optimizer
+            if self.distribution is not None:
+                strategy = self.distribution
+
+                def train(*flat):
+                    loss = strategy.run(self.replica_train_flat, args=flat)
+                    return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+
+                self._train = tf.function(train, autograph=False)
+                return self._train
+            remat = self.function.concrete_function
 
             def train(*flat):
                 out = remat(*flat)
@@ -199,14 +248,18 @@ class CompiledStep:
 
     def train_flat(self, *flat):
         """One optimizer step on flat tensors; usable inside another ``tf.function`` (nested), in
-        which case the caller runs under :func:`checkmate.tf2._compat.grappler_disabled`."""
+        which case the caller runs under :func:`checkmate.tf2._compat.grappler_disabled`. Under a
+        strategy the tensors are the global batch (or values distributed per replica)."""
         fn = self._train_function()
+        if self.distribution is not None:
+            flat = self.function.distribute(flat)
         if tf.executing_eagerly():
             with _compat.grappler_disabled():
                 return fn(*flat)
         return fn(*flat)
 
     def __call__(self, x: Any, y: Any) -> tf.Tensor:
+        """One optimizer step on ``(x, y)``; returns the loss (under a strategy: of the global batch)."""
         return self.train_flat(*self.function.flat_args(x, y))
 
     # ------------------------------------------------------------------------------ Keras
@@ -236,6 +289,10 @@ class CompiledStep:
             f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
             f"  solve time      {r.solve_seconds:.2f} s",
         ]
+        if self.distribution is not None:
+            rows = int(self.function.input_specs[0].shape[0])
+            lines.insert(1, f"  replicas        {self.replicas} ({type(self.distribution).__name__}): planned for one "
+                            f"replica's batch of {rows} (global batch {rows * self.replicas}); every replica runs it")
         workspace = self.lowered.metadata.get("workspace_bytes") or ()
         if self.lowered.level == "layer" and workspace and max(workspace) > 0:
             # What a layer node allocates while it runs, beyond the tensors it passes on: not in the

@@ -235,23 +235,3 @@ def test_resolved_budgets_are_reported_with_their_reference(capfd):
                                  strategy="checkpoint_all")
     assert "auto: " in step.budget_reference and " free on " in step.budget_reference
     assert f"({step.predicted.budget_bytes} bytes)" in step.summary()
-
-
-def test_a_distribution_strategy_is_refused_with_its_limitation(request):
-    from isolation import ran_in_fresh_process
-
-    if ran_in_fresh_process(request):      # logical devices are configured once per process
-        return
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
-    specs = (tf.TensorSpec((BATCH, SIZE, SIZE, 3)), tf.TensorSpec((BATCH,), tf.int32))
-    with strategy.scope():
-        model = convnext()
-        with pytest.raises(checkmate.errors.UnsupportedOpError, match="tf.distribute.*MirroredStrategy.*outside"):
-            checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.1), *specs, **OPTIONS)
-        with pytest.raises(checkmate.errors.UnsupportedOpError, match="tf.distribute"):
-            checkmate.tf2.RematModel(model, **OPTIONS)
-    # variables created under the strategy are refused outside its scope too
-    with pytest.raises(checkmate.errors.UnsupportedOpError, match="variables are distributed"):
-        checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.1), *specs, **OPTIONS)

@@ -137,4 +137,6 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
         grad_tensors=traced.grad_tensors,
         variables=traced.variables,
         metadata=metadata,
+        strategy=traced.strategy,
+        capture_variables=traced.capture_variables,
     )

@@ -23,7 +23,8 @@ import tensorflow as tf
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2 import _compat
 
-__all__ = ["TracedStep", "trace_step", "training_loss", "check_not_distributed"]
+__all__ = ["TracedStep", "trace_step", "training_loss", "distribution_strategy", "check_not_distributed",
+           "SUPPORTED_STRATEGIES"]
 
 
 @dataclass
@@ -42,6 +43,10 @@ class TracedStep:
     terminal_start: int
     # (layer name, first op index, end op index) of every call of a top-level layer
     layer_calls: list[tuple[str, int, int]] = field(default_factory=list)
+    # the tf.distribute strategy it was traced under (None: none) and, per captured tensor, the
+    # distributed variable it is a replica's handle of (see _capture_variables)
+    strategy: Any = None
+    capture_variables: tuple[Any, ...] = ()
 
 
 def _as_specs(spec: Any, what: str) -> Any:
@@ -112,43 +117,99 @@ def _per_output_loss(losses: Any, model: Any) -> Callable:
     return combined
 
 
+def _replica_share(value: tf.Tensor) -> tf.Tensor:
+    """``value`` divided by the number of replicas in sync (unchanged outside a strategy), as Keras
+    scales a replica's loss: the optimizer sums the replicas' gradients, so each replica contributes
+    its share of the global batch's mean."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    return value if replicas == 1 else value * tf.cast(1.0 / replicas, value.dtype)
+
+
 def _scalar_loss(value: Any) -> tf.Tensor:
     value = tf.convert_to_tensor(value)
     if value.shape.rank != 0:
-        value = tf.reduce_mean(value)
+        # As Keras wraps a loss function: its mean, a replica's share of it under a strategy. A scalar
+        # is taken as given (Keras' Loss objects scale themselves, as does a custom loss's reduction).
+        value = _replica_share(tf.reduce_mean(value))
     return value
 
 
 def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
     """The scalar that the lowered step differentiates: ``loss(y, pred)`` (its mean if it is not a
-    scalar) plus the model's own losses (regularizers, ``add_loss``)."""
+    scalar) plus the model's own losses (regularizers, ``add_loss``). Under a ``tf.distribute``
+    strategy, in a replica context, it is that replica's share as in Keras' ``train_step``: a Keras
+    loss and the mean of a per-sample loss divided by the number of replicas, and so are the
+    model's own losses."""
     value = _scalar_loss(_resolve_loss(loss, model)(y, pred))
     extra = list(getattr(model, "losses", []) or [])
     if extra:
-        value = value + tf.add_n([tf.cast(e, value.dtype) for e in extra])
+        value = value + _replica_share(tf.add_n([tf.cast(e, value.dtype) for e in extra]))
     return value
 
 
-def check_not_distributed(model: Any) -> None:
-    """Refuse a ``tf.distribute`` strategy (its scope, or a model whose variables it created).
+# The strategies whose replicas each run the whole step on their own copy of the variables and
+# all-reduce the gradients in the optimizer, which is what the generated per-replica step needs.
+SUPPORTED_STRATEGIES = ("MirroredStrategy", "MultiWorkerMirroredStrategy")
 
-    The step is traced with one set of variable handles and scheduled for one device; a distributed
-    step needs one traced and generated function per replica, with the gradients all-reduced before
-    the update, which checkmate does not build yet. Refused before tracing, with what to do, rather
-    than failing inside it (``DistributedVariable.handle is not available outside the replica context``).
+
+def distribution_strategy(model: Any = None) -> Any:
+    """The ``tf.distribute`` strategy the step will run under, or ``None`` outside every strategy.
+
+    Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` (their ``scope()``) the step is
+    traced in one replica's context and each replica runs the generated step on its own variables
+    (:mod:`checkmate.tf2.codegen`). Any other strategy (``TPUStrategy``, ``ParameterServerStrategy``,
+    ``CentralStorageStrategy``, ...) is refused, naming it, before anything is traced; so is a model
+    whose variables a strategy created when that strategy's scope is not active.
     """
     strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     distributed = [v for v in getattr(model, "variables", ()) or ()
                    if isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)]
-    if strategy is None and not distributed:
-        return
-    name = type(strategy).__name__ if strategy is not None else "a tf.distribute strategy"
-    raise UnsupportedOpError(
-        f"checkmate does not run under tf.distribute yet ({name}"
-        + (f"; {len(distributed)} of the model's variables are distributed" if distributed else "")
-        + "): a rematerialized step is traced and scheduled for one device's variables, and "
-          "replicated steps with all-reduced gradients are not generated. Build, compile and train the "
-          "model outside strategy.scope(), on one device")
+    if strategy is None:
+        if distributed:
+            raise UnsupportedOpError(
+                f"{len(distributed)} of the model's variables are distributed (created under a tf.distribute "
+                "strategy) but no strategy scope is active: compile and train inside strategy.scope()")
+        return None
+    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+        raise UnsupportedOpError(
+            f"checkmate does not run under {type(strategy).__name__}: a rematerialized step runs under "
+            f"{' and '.join(SUPPORTED_STRATEGIES)} only (every replica runs the whole step on its own copy of "
+            "the variables). Use one of those, or build and train the model outside strategy.scope()")
+    return strategy
+
+
+# the former name, kept for existing imports
+check_not_distributed = distribution_strategy
+
+
+def _in_first_local_replica(strategy: Any, fn: Callable[[], Any]) -> Any:
+    """``fn()`` run once, in the replica context of this worker's first replica (where reading a
+    distributed variable gives that replica's copy; documented ``strategy.run`` only)."""
+    ids = strategy.experimental_local_results(
+        strategy.run(lambda: tf.distribute.get_replica_context().replica_id_in_sync_group))
+    first = min(int(i) for i in ids)
+    result: dict[str, Any] = {}
+
+    def replica():
+        if int(tf.distribute.get_replica_context().replica_id_in_sync_group) == first:
+            result["value"] = fn()
+
+    strategy.run(replica)
+    return result["value"]
+
+
+def _capture_variables(function: Any, strategy: Any, candidates: Any) -> tuple[Any, ...]:
+    """For each tensor ``function`` captures, the distributed variable whose local copy it is the handle
+    of (``None`` for any other capture): the generated step feeds each replica's own copy there."""
+    if strategy is None:
+        return ()
+    owner: dict[int, Any] = {}
+    for v in candidates:
+        value = getattr(v, "value", v)
+        if isinstance(value, tf.distribute.DistributedValues):
+            for local in strategy.experimental_local_results(value):
+                owner[id(local.handle)] = value
+    return tuple(owner.get(id(external)) for external, _ in function.graph.captures)
 
 
 def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None) -> TracedStep:
@@ -158,7 +219,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
     are those of ``optimizer.scale_loss(loss)``, as in Keras' own ``train_step``: its
     ``apply_gradients`` unscales them. The returned loss is the unscaled one.
     """
-    check_not_distributed(model)
+    strategy = distribution_strategy(model)
     input_spec = _as_specs(input_spec, "input_spec")
     label_spec = _as_specs(label_spec, "label_spec")
     if not getattr(model, "built", True):
@@ -204,8 +265,15 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         marks["terminal_start"] = _compat.current_graph_op_count()
         return (value, *grads)
 
-    with _watch_layer_calls(model, calls):
-        function = tf.function(step).get_concrete_function(input_spec, label_spec)
+    def trace():
+        with _watch_layer_calls(model, calls):
+            return tf.function(step).get_concrete_function(input_spec, label_spec)
+
+    # Under a strategy the step is one replica's: traced in a replica context, it reads that replica's
+    # copy of each variable (the generated step feeds every replica its own) and Keras' losses scale
+    # themselves by 1 / num_replicas_in_sync, as in Keras' own train_step.
+    function = trace() if strategy is None else _in_first_local_replica(strategy, trace)
+    candidates = list(model.variables) + list(getattr(optimizer, "variables", None) or [])
 
     n_in = len(tf.nest.flatten(input_spec))
     n_lab = len(tf.nest.flatten(label_spec))
@@ -222,6 +290,8 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         grad_start=marks["grad_start"],
         terminal_start=marks["terminal_start"],
         layer_calls=calls,
+        strategy=strategy,
+        capture_variables=_capture_variables(function, strategy, candidates),
     )
 
 
