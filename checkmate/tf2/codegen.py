@@ -77,7 +77,7 @@ class RewrittenGraph:
     copies: tuple[int, ...]                     # computations of each node (= R[:, i].sum())
     copy_ops: Mapping[tuple[int, int], tuple[str, ...]]   # (node, k) -> op names of that copy
     op_copies: int                              # ops emitted for node computations, all copies
-    output_names: tuple[str, ...]               # tensors returned: loss, then gradients
+    output_names: tuple[str, ...]               # tensors returned: loss, gradients, then any predictions
     feed_names: tuple[str, ...]                 # placeholders fed: inputs, labels, then captures
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
@@ -238,8 +238,9 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule) -> RewrittenGra
         j = op_node.get(op)
         return f"{op if j is None else copy_name(op, current[j])}:{idx}"
 
-    outputs = tuple(final(t) for t in (lowered.loss_tensor, *lowered.grad_tensors))
-    for t, name in zip((lowered.loss_tensor, *lowered.grad_tensors), outputs):
+    returned = (lowered.loss_tensor, *lowered.grad_tensors, *lowered.pred_tensors)
+    outputs = tuple(final(t) for t in returned)
+    for t, name in zip(returned, outputs):
         j = op_node.get(_tensor_op(t)[0])
         if j is not None and copies[j] > 1:
             warnings.append(f"output {t} is computed {copies[j]} times; the last copy is returned")
@@ -332,7 +333,16 @@ class RematFunction:
                                        "tf.function")
         lowered = self.lowered
         return self._import(flat, f"{IMPORT_SCOPE}_plain", lowered.function.graph.as_graph_def(),
-                            (lowered.loss_tensor, *lowered.grad_tensors))
+                            (lowered.loss_tensor, *lowered.grad_tensors, *lowered.pred_tensors))
+
+    def split(self, out: Any) -> tuple[Any, list, Any]:
+        """``(loss, grads, preds)`` of the step's flat outputs; ``preds`` in the model's output structure
+        (``None`` for a step without predictions)."""
+        count = len(self.lowered.grad_tensors)
+        preds = list(out[1 + count:])
+        structure = self.lowered.pred_structure
+        return out[0], list(out[1:1 + count]), (tf.nest.pack_sequence_as(structure, preds)
+                                                if structure is not None else None)
 
     # ------------------------------------------------------------------------------- calling
     @property
@@ -394,9 +404,11 @@ class RematFunction:
         if self._distributed_function is None:
             strategy = self.strategy
 
+            count = 1 + len(self.lowered.grad_tensors)     # the loss and the gradients, not predictions
+
             def run(*flat):
                 out = strategy.run(self.replica_call, args=flat)
-                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out)
+                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out[:count])
 
             self._distributed_function = tf.function(run, autograph=False)
         return self._distributed_function
@@ -427,8 +439,8 @@ class RematFunction:
         return fn(*flat)
 
     def __call__(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        out = self.call_flat(*self.flat_args(x, y))
-        return out[0], list(out[1:])
+        loss, grads, _ = self.split(self.call_flat(*self.flat_args(x, y)))
+        return loss, grads
 
     # ------------------------------------------------------------------------------- reports
     @property

@@ -95,11 +95,12 @@ def _unscaled(loss: tf.Tensor) -> tf.Tensor:
     return loss if replicas == 1 else loss * tf.cast(replicas, loss.dtype)
 
 
-def _run_step(step: "CompiledStep", flat: list) -> tf.Tensor:
-    """One optimizer step of ``step`` on one replica's flat batch, inside the train function."""
+def _run_step(step: "CompiledStep", flat: list) -> tuple[tf.Tensor, Any]:
+    """One optimizer step of ``step`` on one replica's flat batch, inside the train function: its loss
+    and the training forward pass's predictions (``None`` for a step compiled without them)."""
     if step.distribution is not None:
-        return step.replica_train_flat(*flat)
-    return step.train_flat(*flat)
+        return step.replica_train(*flat)
+    return step.train_flat_with_predictions(*flat)
 
 
 def _spec(t: Any, batch: int) -> tf.TensorSpec:
@@ -124,10 +125,11 @@ class RematModel(keras.Model):
       that compute batch statistics (BatchNorm in training) see the padded rows.
     - Loss scaling: a ``LossScaleOptimizer`` (given, or the one ``compile`` adds under the
       ``mixed_float16`` policy) scales the differentiated loss and unscales the gradients as Keras does.
-    - Training metrics need the predictions, which the rematerialized step does not keep: ``fit``
-      computes them from an inference-mode forward pass of each batch before its update (one forward
-      pass more per step, dropout off, BatchNorm on its moving statistics). Validation metrics are
-      Keras' own.
+    - Training metrics are computed as in Keras, from the training forward pass's predictions: with
+      metrics compiled, the step is compiled with ``predictions=True`` and returns the model's output
+      (planned as a step output, resident to the end of the step). Validation metrics are Keras' own.
+      The compiled-step form does the same for a step compiled with ``predictions=True``, else
+      computes them from an inference-mode forward pass after the update.
     - ``save``/``keras.saving.load_model``: the file holds the model, the options and the compile
       arguments; loading gives back a ``RematModel`` that compiles its step again at its first
       training batch (a schedule depends on the device and its budget). ``save_weights`` and
@@ -269,6 +271,8 @@ class RematModel(keras.Model):
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), tf.TensorSpec((batch,), tf.float32))
         options = dict(self.compile_options)
+        # training metrics are computed as Keras does, from the training forward pass's predictions
+        options.setdefault("predictions", self._has_compiled_metrics())
         if self.strategy is not None:
             options["strategy"] = self.strategy
         strategy = self._replicated_strategy()
@@ -332,13 +336,12 @@ class RematModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        pred = None
-        if self._has_compiled_metrics():
-            pred = self.inner(x, training=False)
+        metrics = self._has_compiled_metrics()
         if self.native:
-            loss, rows = self._native_step(x, y, sample_weight)
+            # the step was compiled with predictions when metrics were compiled (compile() drops steps)
+            loss, rows, pred = self._native_step(x, y, sample_weight)
             self._loss_tracker.update_state(_unscaled(loss), sample_weight=rows)
-            if pred is None:
+            if not metrics:
                 return self.get_metrics_result()
             return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
         if sample_weight is not None:
@@ -358,9 +361,13 @@ class RematModel(keras.Model):
             with tf.control_dependencies([check]):
                 flat = [tf.identity(t) for t in flat]
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, self.step.input_specs)]
-        loss = _run_step(self.step, flat)
+        loss, pred = _run_step(self.step, flat)
         self.loss_tracker.update_state(_unscaled(loss))
-        if pred is not None:
+        if metrics:
+            if pred is None:
+                # a step compiled without predictions=True: a forward pass of the batch in inference
+                # mode, after its update
+                pred = self.inner(x, training=False)
             self.compute_metrics(x, y, pred)
         return {m.name: m.result() for m in self.metrics}
 
@@ -395,7 +402,10 @@ class RematModel(keras.Model):
             weight = pad(tf.math.divide_no_nan(weight * tf.cast(batch, tf.float32), tf.cast(rows, tf.float32)))
         flat = step.function.flat_args(x, (y, weight), per_replica=True)
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, step.input_specs)]
-        return _run_step(step, flat), rows
+        loss, pred = _run_step(step, flat)
+        if pred is not None and static != batch:
+            pred = tf.nest.map_structure(lambda t: t[:rows], pred)     # the padded rows' predictions dropped
+        return loss, rows, pred
 
     def make_train_function(self, force: bool = False):
         """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,

@@ -10,7 +10,18 @@ from typing import Any, Mapping
 
 from checkmate.graph import Graph
 
-__all__ = ["LoweredGraph"]
+__all__ = ["LoweredGraph", "flat_names"]
+
+
+def flat_names(structure: Any) -> tuple[str, ...]:
+    """The tensor names of a nest of names (dicts by sorted key, as ``tf.nest`` and Keras order them)."""
+    if structure is None:
+        return ()
+    if isinstance(structure, str):
+        return (structure,)
+    if isinstance(structure, dict):
+        return tuple(name for key in sorted(structure) for name in flat_names(structure[key]))
+    return tuple(name for item in structure for name in flat_names(item))
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,9 @@ class LoweredGraph:
         The model's trainable variables, in the order of ``grad_tensors``.
     metadata:
         Free-form facts worth reporting (batch size, cost model, warnings raised while lowering).
+    pred_structure:
+        With predictions (``lower(..., predictions=True)``): the model's output in the training forward
+        pass, a nest of tensor names that the step returns after the gradients; ``None`` otherwise.
     strategy:
         The ``tf.distribute`` strategy the step was traced under (one replica's step, its batch the
         replica's share), or ``None``.
@@ -63,6 +77,12 @@ class LoweredGraph:
     loss_tensor: str
     grad_tensors: tuple[str, ...]
     variables: tuple[Any, ...] = ()
+
+    @property
+    def pred_tensors(self) -> tuple[str, ...]:
+        """The predictions' tensor names in the order the step returns them (empty without)."""
+        return flat_names(self.pred_structure)
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    pred_structure: Any = None
     strategy: Any = None
     capture_variables: tuple[Any, ...] = ()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
@@ -197,12 +197,14 @@ class CompiledStep:
 
             def run(*per_replica):
                 out = strategy.run(self.function.plain_replica_call, args=per_replica)
-                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out)
+                loss, grads, _ = self.function.split(out)
+                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in (loss, *grads))
 
             out = tf.function(run, autograph=False)(*self.function.distribute(flat))
         else:
             out = self.lowered.function(*flat)
-        return out[0], list(out[1:])
+        loss, grads, _ = self.function.split(out)
+        return loss, grads
 
     def _build_optimizer(self) -> None:
         if not getattr(self.optimizer, "built", True):
@@ -212,44 +214,48 @@ class CompiledStep:
             else:
                 self.optimizer.build(self.variables)
 
-    def replica_train_flat(self, *flat) -> tf.Tensor:
+    def replica_train(self, *flat) -> tuple[tf.Tensor, Any]:
         """One replica's step inside a graph (a ``tf.function``, in ``strategy.run`` under a strategy):
         runs the plan on the replica's batch and applies the gradients with the optimizer, whose
         ``apply_gradients`` sums them over the replicas and updates once, as in Keras' ``train_step``.
-        Returns the replica's loss (its share under a strategy). The caller runs under
+        Returns the replica's loss (its share under a strategy) and the training forward pass's
+        predictions (``None`` for a step compiled without them). The caller runs under
         :func:`checkmate.tf2._compat.grappler_disabled`; the optimizer is built (``fit`` builds it)."""
-        out = self.function.replica_call(*flat)
-        self.optimizer.apply_gradients(zip(out[1:], self.variables))
-        return out[0]
+        loss, grads, preds = self.function.split(self.function.replica_call(*flat))
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+        return loss, preds
+
+    def replica_train_flat(self, *flat) -> tf.Tensor:
+        """:meth:`replica_train`'s loss."""
+        return self.replica_train(*flat)[0]
 
     def _train_function(self):
+        """A ``tf.function`` of the flat batch returning ``(loss, *flat predictions)``."""
         if self._train is None:
             self._build_optimizer()
-            variables = self.variables
-            optimizer = self.optimizer
             if self.distribution is not None:
                 strategy = self.distribution
 
                 def train(*flat):
                     loss = strategy.run(self.replica_train_flat, args=flat)
-                    return strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)
+                    return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),)
 
                 self._train = tf.function(train, autograph=False)
                 return self._train
             remat = self.function.concrete_function
+            variables = self.variables
+            optimizer = self.optimizer
+            count = len(self.lowered.grad_tensors)
 
             def train(*flat):
                 out = remat(*flat)
-                optimizer.apply_gradients(zip(out[1:], variables))
-                return out[0]
+                optimizer.apply_gradients(zip(out[1:1 + count], variables))
+                return (out[0], *out[1 + count:])
 
             self._train = tf.function(train, input_signature=self.function.input_specs, autograph=False)
         return self._train
 
-    def train_flat(self, *flat):
-        """One optimizer step on flat tensors; usable inside another ``tf.function`` (nested), in
-        which case the caller runs under :func:`checkmate.tf2._compat.grappler_disabled`. Under a
-        strategy the tensors are the global batch (or values distributed per replica)."""
+    def _run_train(self, flat):
         fn = self._train_function()
         if self.distribution is not None:
             flat = self.function.distribute(flat)
@@ -257,6 +263,22 @@ class CompiledStep:
             with _compat.grappler_disabled():
                 return fn(*flat)
         return fn(*flat)
+
+    def train_flat(self, *flat):
+        """One optimizer step on flat tensors; usable inside another ``tf.function`` (nested), in
+        which case the caller runs under :func:`checkmate.tf2._compat.grappler_disabled`. Under a
+        strategy the tensors are the global batch (or values distributed per replica)."""
+        return self._run_train(flat)[0]
+
+    def train_flat_with_predictions(self, *flat) -> tuple[tf.Tensor, Any]:
+        """:meth:`train_flat`, also returning the training forward pass's predictions in the model's
+        output structure (a step compiled with ``predictions=True``; without a strategy: under one,
+        each replica's come from :meth:`replica_train`)."""
+        if self.distribution is not None:
+            raise InvalidArgumentError("under a strategy each replica's predictions come from replica_train")
+        out = self._run_train(flat)
+        structure = self.lowered.pred_structure
+        return out[0], (tf.nest.pack_sequence_as(structure, list(out[1:])) if structure is not None else None)
 
     def __call__(self, x: Any, y: Any) -> tf.Tensor:
         """One optimizer step on ``(x, y)``; returns the loss (under a strategy: of the global batch)."""
@@ -385,7 +407,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
             gradient_nodes: bool | str = True, time_limit_s: float | None = None, cost_model: str = "flops",
-            device: str | None = None, verbose: bool | int = False, **solve_options: Any) -> CompiledStep:
+            device: str | None = None, verbose: bool | int = False, predictions: bool = False,
+            **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
 
     Parameters
@@ -419,6 +442,12 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` compact nodes.
         :meth:`CompiledStep.summary` says which one was used.
 
+    predictions:
+        Also keep the training forward pass's output (the model's predictions) to the end of the step,
+        planned as a step output: :meth:`CompiledStep.train_flat_with_predictions` and
+        :meth:`CompiledStep.replica_train` return it (``RematModel`` updates its training metrics
+        with it).
+
     verbose:
         Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
         stderr while compiling (:mod:`checkmate.logs`); silent by default.
@@ -430,6 +459,6 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
     with verbose_logging(verbose):
         lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
-                        cost_model=cost_model, optimizer=optimizer)
+                        cost_model=cost_model, optimizer=optimizer, predictions=predictions)
         return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
                                time_limit_s=time_limit_s, device=device, **solve_options)

@@ -84,7 +84,7 @@ AUTO_GRADIENT_NODES_MAX_NODES = 120
 def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
           gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
           profile_options: Mapping[str, Any] | None = None, progress: bool = True,
-          optimizer: Any = None) -> LoweredGraph:
+          optimizer: Any = None, predictions: bool = False) -> LoweredGraph:
     """Lower one training step of ``model`` to a :class:`LoweredGraph`.
 
     Parameters
@@ -112,6 +112,9 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     optimizer:
         The optimizer the step will apply the gradients with: a ``LossScaleOptimizer`` scales the
         differentiated loss (see :func:`~checkmate.tf2.lowering.trace.trace_step`).
+    predictions:
+        Also return the training forward pass's output from the step (after the gradients): the
+        nodes producing it are outputs, resident to the end of the step like the loss.
     """
     if level not in LEVELS:
         raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
@@ -121,7 +124,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
     started = time.perf_counter()
     _log.info("lowering %s (%s level)", getattr(model, "name", "model"), level)
-    traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer)
+    traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer, predictions=predictions)
     op_graph = OpGraph.of(traced)
     infos = classify_ops(traced, op_graph)
     warn: list[str] = []

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import networkx as nx
 
 from checkmate.graph import Graph, Node
-from checkmate.tf2.lowered import LoweredGraph
+from checkmate.tf2.lowered import LoweredGraph, flat_names
 from checkmate.tf2.lowering.accounting import node_mem
 from checkmate.tf2.lowering.grouping import Group, group_dependencies
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo
@@ -39,12 +39,12 @@ def build_graph(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph, 
     if grads_resident:
         # Compact layer level: the parameter gradients are in fixed_mem, so a layer's backward node is
         # an output only through the loss, and its value is what it passes to other nodes.
-        output_tensors = {traced.loss_tensor}
+        output_tensors = {traced.loss_tensor, *flat_names(traced.pred_structure)}
         resident = frozenset(traced.grad_tensors)
     else:
         # The loss and the parameter gradients are step outputs: resident from their computation on
         # (op level: the gradient ops; layer level: the :params nodes, see grouping).
-        output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+        output_tensors = {traced.loss_tensor, *traced.grad_tensors, *flat_names(traced.pred_structure)}
         resident = frozenset()
     output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
     nodes, node_ops, workspace = [], [], []
@@ -137,6 +137,7 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
         grad_tensors=traced.grad_tensors,
         variables=traced.variables,
         metadata=metadata,
+        pred_structure=traced.pred_structure,
         strategy=traced.strategy,
         capture_variables=traced.capture_variables,
     )

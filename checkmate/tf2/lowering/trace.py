@@ -43,6 +43,8 @@ class TracedStep:
     terminal_start: int
     # (layer name, first op index, end op index) of every call of a top-level layer
     layer_calls: list[tuple[str, int, int]] = field(default_factory=list)
+    # with predictions: the model's output as returned by the step (a nest of tensor names)
+    pred_structure: Any = None
     # the tf.distribute strategy it was traced under (None: none) and, per captured tensor, the
     # distributed variable it is a replica's handle of (see _capture_variables)
     strategy: Any = None
@@ -212,8 +214,12 @@ def _capture_variables(function: Any, strategy: Any, candidates: Any) -> tuple[A
     return tuple(owner.get(id(external)) for external, _ in function.graph.captures)
 
 
-def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None) -> TracedStep:
+def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None,
+               predictions: bool = False) -> TracedStep:
     """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges.
+
+    ``predictions=True`` also returns the training forward pass's output (``(loss, *grads, *preds)``,
+    the model's output flattened), so that training metrics need no forward pass of their own.
 
     With an ``optimizer`` that scales the loss (``keras.optimizers.LossScaleOptimizer``), the gradients
     are those of ``optimizer.scale_loss(loss)``, as in Keras' own ``train_step``: its
@@ -262,8 +268,12 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         grads = [tf.convert_to_tensor(g) for g in grads]
         marks["loss"] = value.name
         marks["grads"] = tuple(g.name for g in grads)
+        preds = []
+        if predictions:
+            preds = [tf.convert_to_tensor(p) for p in tf.nest.flatten(pred)]
+            marks["preds"] = tf.nest.pack_sequence_as(pred, [p.name for p in preds])
         marks["terminal_start"] = _compat.current_graph_op_count()
-        return (value, *grads)
+        return (value, *grads, *preds)
 
     def trace():
         with _watch_layer_calls(model, calls):
@@ -290,6 +300,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         grad_start=marks["grad_start"],
         terminal_start=marks["terminal_start"],
         layer_calls=calls,
+        pred_structure=marks.get("preds"),
         strategy=strategy,
         capture_variables=_capture_variables(function, strategy, candidates),
     )
