@@ -6,9 +6,12 @@ Two ways in. The Keras-native one wraps a model and is compiled like any Keras m
     trainer.compile(optimizer, loss, metrics=["accuracy"])
     trainer.fit(dataset, epochs=10)
 
-It lowers and solves the step at the first training batch (its batch size is the compiled one), with
-sample weights as an input of the step. :meth:`checkmate.tf2.step.CompiledStep.keras_model` wraps an
-already compiled step instead (fixed batch size, no sample weights).
+It lowers and solves the step at the first training batch (its batch size, per replica under a
+``tf.distribute`` strategy, is the compiled one), with sample weights as an input of the step; a
+batch of another size is padded or gets a schedule of its own (``partial_batches``). Its train
+function takes each batch eagerly to make that choice before the step is traced.
+:meth:`checkmate.tf2.step.CompiledStep.keras_model` wraps an already compiled step instead (fixed
+batch size, no sample weights).
 """
 
 from __future__ import annotations
@@ -29,9 +32,32 @@ from checkmate.tf2.lowering.trace import _resolve_loss, distribution_strategy
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["RematModel", "check_no_custom_train_step"]
+__all__ = ["RematModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "BATCH_STATISTICS_LAYERS",
+           "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
+# How RematModel trains a batch smaller than a compiled one (see its docstring): "pad" it to the
+# compiled size, "compile" a schedule for its size, or "auto": compile when the model has a layer
+# whose training forward pass mixes the rows of a batch, pad otherwise.
+PARTIAL_BATCHES = ("auto", "pad", "compile")
+# Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
+# would change the real rows' outputs and the layer's moving statistics.
+BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
+
+
+def has_batch_statistics(model: Any) -> bool:
+    """Whether ``model`` (its layers, nested models' included) has a :data:`BATCH_STATISTICS_LAYERS` layer."""
+    seen: set[int] = set()
+    stack = list(getattr(model, "layers", None) or [])
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, BATCH_STATISTICS_LAYERS):
+            return True
+        stack.extend(getattr(layer, "layers", None) or [])
+    return False
 
 
 def check_no_custom_train_step(model: Any) -> None:
@@ -120,9 +146,15 @@ class RematModel(keras.Model):
     ``export``) runs the model unchanged.
 
     - Sample weights and ``class_weight`` are honoured (an input of the compiled step).
-    - A smaller batch (the last one of an epoch) is padded to the compiled size with zero rows whose
-      weight is zero, and the real rows' weights rescaled so that the loss is the batch's own; layers
-      that compute batch statistics (BatchNorm in training) see the padded rows.
+    - A smaller batch (the last one of an epoch) is trained exactly as Keras trains it.
+      ``partial_batches="auto"`` (default): if the model has a layer whose training forward pass
+      reads the whole batch's statistics (:data:`BATCH_STATISTICS_LAYERS`: BatchNormalization), its
+      first batch of a new size compiles a schedule for that size (once; :attr:`compiled_steps`),
+      since padded rows would change those statistics; otherwise it is padded to the compiled size
+      with zero rows whose weight is zero, the real rows' weights rescaled so that the loss is the
+      batch's own (exact for layers that treat rows independently; dropout draws its masks for the
+      padded shape). ``"compile"`` and ``"pad"`` force either (``"compile"`` for a custom layer that
+      mixes rows). A batch larger than every compiled one always gets its own schedule.
     - Loss scaling: a ``LossScaleOptimizer`` (given, or the one ``compile`` adds under the
       ``mixed_float16`` policy) scales the differentiated loss and unscales the gradients as Keras does.
     - Training metrics are computed as in Keras, from the training forward pass's predictions: with
@@ -149,7 +181,7 @@ class RematModel(keras.Model):
     """
 
     def __init__(self, model: Any = None, *, budget: Any = "auto", strategy: str | None = None,
-                 compile_options: dict | None = None, **kwargs: Any):
+                 compile_options: dict | None = None, partial_batches: str = "auto", **kwargs: Any):
         from checkmate.tf2.step import CompiledStep
 
         step = model if isinstance(model, CompiledStep) else None
@@ -157,6 +189,8 @@ class RematModel(keras.Model):
         if inner is None:
             raise InvalidArgumentError("RematModel needs a Keras model (or a compiled step)")
         check_no_custom_train_step(inner)
+        if partial_batches not in PARTIAL_BATCHES:
+            raise InvalidArgumentError(f"partial_batches={partial_batches!r}: expected one of {', '.join(PARTIAL_BATCHES)}")
         distribution_strategy(inner)
         kwargs.setdefault("name", f"{getattr(inner, 'name', 'model')}_checkmate")
         super().__init__(**kwargs)
@@ -166,6 +200,7 @@ class RematModel(keras.Model):
         self.budget = budget
         self.strategy = strategy
         self.compile_options = dict(compile_options or {})
+        self.partial_batches = partial_batches
         self._steps: dict = {}
         self._main_batch: int | None = None
         if not self.native:
@@ -179,7 +214,8 @@ class RematModel(keras.Model):
         budget = self.budget if self.native else int(self.step.predicted.budget_bytes)
         strategy = self.strategy if self.native else self.step.strategy
         return {"name": self.name, "model": keras.saving.serialize_keras_object(self.inner), "budget": budget,
-                "strategy": strategy, "compile_options": dict(self.compile_options)}
+                "strategy": strategy, "compile_options": dict(self.compile_options),
+                "partial_batches": self.partial_batches}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects: Any = None) -> "RematModel":
@@ -257,6 +293,11 @@ class RematModel(keras.Model):
         batch = _batch_size(x)
         if batch is None:
             raise InvalidArgumentError("the training batch has no static batch size to compile for")
+        if self._main_batch is not None:
+            _log.info("%s: a schedule of its own for batches of %d (%s)", self.name, batch,
+                      "larger than the first" if batch > self._main_batch else
+                      f"partial_batches={self.partial_batches!r}" + (": the model has batch-statistics layers"
+                                                                    if self.partial_batches == "auto" else ""))
         step = self._compile_step(x, y, batch)
         self._steps[batch] = step
         if self._main_batch is None:
@@ -327,12 +368,22 @@ class RematModel(keras.Model):
 
     def _step_for(self, rows: int | None) -> "CompiledStep | None":
         """The step that trains a replica batch of ``rows``: the one compiled for it, else the main one
-        when a smaller batch is padded to it exactly (``rows`` unknown: padded at run time)."""
+        when a smaller batch is padded to it (where padding is exact, see :meth:`pads_exactly`; an
+        empty replica batch and one of unknown size are always padded). ``None``: compile one."""
         if rows in self._steps:
             return self._steps[rows]
-        if self._main_batch is not None and (rows is None or rows < self._main_batch):
+        if self._main_batch is None:
+            return None
+        if rows is None or rows == 0 or (rows < self._main_batch and self.pads_exactly()):
             return self._steps[self._main_batch]
         return None
+
+    def pads_exactly(self) -> bool:
+        """Whether a smaller batch is padded to a compiled size (``partial_batches``: ``"pad"``, or
+        ``"auto"`` for a model without a batch-statistics layer) rather than given a schedule of its own."""
+        if self.partial_batches == "auto":
+            return not has_batch_statistics(self.inner)
+        return self.partial_batches == "pad"
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)

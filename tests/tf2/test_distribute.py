@@ -120,20 +120,26 @@ def test_remat_model_fit_matches_keras_fit_under_the_same_strategy(request):
     if ran_in_fresh_process(request):
         return
     strategy = two_cpus()
-    x, y = data(STEPS * GLOBAL)
+    remainder = 5           # the last global batch: 3 rows on one replica, 2 on the other
+    x, y = data(STEPS * GLOBAL + remainder)
     with strategy.scope():
-        model, other = residual_mlp(), residual_mlp()
+        model, other, third = residual_mlp(), residual_mlp(), residual_mlp()
         model.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"], jit_compile=False)
         trainer = checkmate.tf2.RematModel(other, **OPTIONS)
         trainer.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"])
+        # a schedule per replica batch size instead of padding the remainder's shares
+        compiling = checkmate.tf2.RematModel(third, partial_batches="compile", **OPTIONS)
+        compiling.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"])
     with _compat.grappler_disabled():
         want = model.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
-    got = trainer.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
-    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
-    np.testing.assert_allclose(got["accuracy"], want["accuracy"])
-    assert_same_weights(model, other)
+    for trained, remat in ((other, trainer), (third, compiling)):
+        got = remat.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+        np.testing.assert_allclose(got["accuracy"], want["accuracy"])
+        assert_same_weights(model, trained)
     step = trainer.compiled_step()
     assert step.replicas == REPLICAS and set(trainer.compiled_steps) == {PER_REPLICA}
+    assert set(compiling.compiled_steps) == {PER_REPLICA, 2, 3}
     assert int(step.input_specs[0].shape[0]) == PER_REPLICA
     np.testing.assert_allclose(trainer.evaluate(x, y, batch_size=GLOBAL, verbose=0),
                                model.evaluate(x, y, batch_size=GLOBAL, verbose=0), rtol=1e-5)
