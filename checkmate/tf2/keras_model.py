@@ -27,7 +27,7 @@ import tensorflow as tf
 from checkmate.errors import InvalidArgumentError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowering import training_loss
-from checkmate.tf2.lowering.trace import _resolve_loss, distribution_strategy
+from checkmate.tf2.lowering.trace import _resolve_loss, distribution_strategy, walk_layers
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
@@ -47,17 +47,7 @@ BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
 
 def has_batch_statistics(model: Any) -> bool:
     """Whether ``model`` (its layers, nested models' included) has a :data:`BATCH_STATISTICS_LAYERS` layer."""
-    seen: set[int] = set()
-    stack = list(getattr(model, "layers", None) or [])
-    while stack:
-        layer = stack.pop()
-        if id(layer) in seen:
-            continue
-        seen.add(id(layer))
-        if isinstance(layer, BATCH_STATISTICS_LAYERS):
-            return True
-        stack.extend(getattr(layer, "layers", None) or [])
-    return False
+    return any(isinstance(layer, BATCH_STATISTICS_LAYERS) for layer in walk_layers(model))
 
 
 def check_no_custom_train_step(model: Any) -> None:

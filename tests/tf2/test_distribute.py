@@ -159,6 +159,12 @@ def test_strategies_the_step_cannot_run_under_are_refused_by_name(request):
             checkmate.tf2.RematModel(model, **OPTIONS)
     mirrored = tf.distribute.MirroredStrategy([f"/cpu:{k}" for k in range(REPLICAS)])
     with mirrored.scope():
+        inputs = keras.Input((FEATURES,))
+        outputs = keras.layers.Dense(CLASSES)(keras.layers.BatchNormalization(synchronized=True, name="sync_bn")(inputs))
+        synchronized = keras.Model(inputs, outputs)
+        # its statistics are all-reduced inside the forward pass, which one replica's plan cannot do
+        with pytest.raises(checkmate.errors.UnsupportedOpError, match="sync_bn.*synchronized=False"):
+            checkmate.tf2.compile(synchronized, LOSS, keras.optimizers.SGD(0.1), *specs, **OPTIONS)
         model = residual_mlp()
     # variables created under a strategy are refused outside its scope
     with pytest.raises(checkmate.errors.UnsupportedOpError, match="variables are distributed.*strategy.scope"):

@@ -10,6 +10,12 @@ watcher), by which the layer level attributes ops to layers.
 Loss resolution: a callable or a Keras loss name as given; for a model with several outputs a list
 or dict of losses, one per output, whose scalar values are summed as in ``keras.Model.compile``. The
 step differentiates that scalar (its mean if the loss is not a scalar) plus the model's own losses.
+
+Under ``MirroredStrategy`` or ``MultiWorkerMirroredStrategy`` the step is one replica's: it is traced
+in the replica context of this worker's first replica, reading that replica's copy of each
+variable, with each replica's share of the loss as Keras computes it (:func:`training_loss`), and
+:attr:`TracedStep.capture_variables` records which distributed variable each captured handle
+belongs to. Other strategies are refused (:func:`distribution_strategy`).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2 import _compat
 
 __all__ = ["TracedStep", "trace_step", "training_loss", "distribution_strategy", "check_not_distributed",
-           "SUPPORTED_STRATEGIES"]
+           "SUPPORTED_STRATEGIES", "walk_layers"]
 
 
 @dataclass
@@ -177,7 +183,29 @@ def distribution_strategy(model: Any = None) -> Any:
             f"checkmate does not run under {type(strategy).__name__}: a rematerialized step runs under "
             f"{' and '.join(SUPPORTED_STRATEGIES)} only (every replica runs the whole step on its own copy of "
             "the variables). Use one of those, or build and train the model outside strategy.scope()")
+    synchronized = [layer.name for layer in walk_layers(model) if getattr(layer, "synchronized", False)]
+    if synchronized:
+        # its batch statistics are all-reduced inside the forward pass: the step would not be one
+        # replica's alone, and the replicas' imported plans cannot meet in that all-reduce
+        raise UnsupportedOpError(
+            f"{synchronized[0]} synchronizes its batch statistics across replicas (synchronized=True), which "
+            "a rematerialized step does not support under a strategy: use synchronized=False (Keras' default)")
     return strategy
+
+
+def walk_layers(model: Any) -> list:
+    """Every layer of ``model``, nested models' layers included (through the public ``layers``)."""
+    found: list = []
+    seen: set[int] = set()
+    stack = list(getattr(model, "layers", None) or [])
+    while stack:
+        layer = stack.pop()
+        if id(layer) in seen:
+            continue
+        seen.add(id(layer))
+        found.append(layer)
+        stack.extend(getattr(layer, "layers", None) or [])
+    return found
 
 
 # the former name, kept for existing imports
