@@ -315,7 +315,8 @@ class RematFunction:
         return self.lowered.strategy
 
     def replica_call(self, *flat) -> tuple:
-        """``(loss, *grads)`` of one replica's batch, the plan's ops imported into the graph being built.
+        """``(loss, *grads, *preds)`` of one replica's batch (see :meth:`split`), the plan's ops imported
+        into the graph being built.
 
         For a ``tf.function`` that calls it in each replica's context (``strategy.run``): the ops are
         placed on that replica's device and read that replica's copy of the variables. The enclosing
@@ -373,9 +374,9 @@ class RematFunction:
             if self.replicas > 1 and not per_replica:
                 expected = tf.TensorShape([spec.shape[0] * self.replicas] + spec.shape[1:].as_list())
             if not shape.is_compatible_with(expected):
-                per_replica = (f" ({self.replicas} replicas x {spec.shape[0]} rows)" if self.replicas > 1 else "")
+                note = (f" ({self.replicas} replicas x {spec.shape[0]} rows)" if expected != spec.shape else "")
                 raise InvalidArgumentError(f"{what} has shape {shape}; the step was compiled for {expected}"
-                                           f"{per_replica} (the batch size is part of the compiled plan)")
+                                           f"{note} (the batch size is part of the compiled plan)")
             # NumPy arrays and Python values are converted to the compiled dtype by TF; tensors are not
             if tf.is_tensor(value) and value.dtype != spec.dtype:
                 raise InvalidArgumentError(f"{what} has dtype {value.dtype.name}; the step was compiled "
@@ -394,7 +395,7 @@ class RematFunction:
             tensor = tf.convert_to_tensor(value, spec.dtype)
             rows = int(spec.shape[0])
             out.append(strategy.experimental_distribute_values_from_function(
-                lambda ctx, t=tensor: t[ctx.replica_id_in_sync_group * rows:(ctx.replica_id_in_sync_group + 1) * rows]))
+                lambda ctx, t=tensor, b=rows: t[ctx.replica_id_in_sync_group * b:(ctx.replica_id_in_sync_group + 1) * b]))
         return out
 
     def _distributed(self):
