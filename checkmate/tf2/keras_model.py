@@ -261,6 +261,10 @@ class RematModel(keras.Model):
     def compile_from_config(self, config: dict) -> None:
         # Keras calls this (not compile()) when it loads a model whose compile() is its own
         self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built and getattr(self, "optimizer", None) is not None and not self.optimizer.built:
+            # Keras then restores the saved optimizer state into these variables (the slots of the
+            # wrapped model's weights), as it does for a model of its own; unbuilt, it skips them.
+            self.optimizer.build(self.trainable_variables)
 
     # ------------------------------------------------------------------------------ the step
     def compiled_step(self, x: Any = None, y: Any = None) -> "CompiledStep":

@@ -86,16 +86,19 @@ def test_fit_evaluate_predict_metrics_and_callbacks_as_keras(tmp_path):
 def test_save_load_weights_and_export(tmp_path):
     x, y = data(2 * BATCH)
     trainer = checkmate.tf2.RematModel(convnext(), **OPTIONS)
-    trainer.compile(keras.optimizers.SGD(0.05), LOSS, metrics=["accuracy"])
+    trainer.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS, metrics=["accuracy"])
     trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
     path = str(tmp_path / "t.keras")
     trainer.save(path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, checkmate.tf2.RematModel) and loaded.budget == "100%"
     np.testing.assert_allclose(loaded.predict(x, verbose=0), trainer.predict(x, verbose=0), rtol=1e-6)
-    # the loaded model compiles its step again at its first batch, and trains
-    history = loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0).history
+    # the optimizer's state (momentum) comes back with the model, so training resumes where it stopped:
+    # the loaded model compiles its step again at its first batch and takes the same steps as the original
+    history = loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False).history
     assert np.isfinite(history["loss"][0]) and "accuracy" in history
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False)
+    assert_same_weights(trainer, loaded, rtol=1e-6, atol=1e-7)
 
     weights = str(tmp_path / "t.weights.h5")
     trainer.save_weights(weights)
