@@ -177,7 +177,7 @@ def run_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor:
     """
     results: list[Any] = [None] * len(tasks) if into is None else into
     bar = None
-    if progress:
+    if progress and tasks:  # nothing to run (every point cached, say): no empty bar
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(tasks), desc=desc, unit="solve", file=sys.stderr, leave=False)
