@@ -37,6 +37,8 @@ setup(
             # solves the small test models (larger ones are refused with a message naming HiGHS)
             "ortools>=9.10",
             "gurobipy>=11.0",
+            # the sweep's Ray executor is tested against a local Ray instance (two CPUs, no dashboard)
+            "ray>=2.9",
         ],
     },
     entry_points={"console_scripts": ["checkmate=checkmate.cli:main"]},

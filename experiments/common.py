@@ -2,7 +2,9 @@
 
 Every script takes ``--quick`` (a setting that finishes in minutes, used by the tests) and
 ``--out DIR`` (default: ``experiments/results``), writes its CSV and PNG there, then regenerates
-``results/README.md`` from every result file present (:mod:`results_readme`).
+``results/README.md`` from every result file present (:mod:`results_readme`). The long-running
+scripts also take ``--cache-dir``/``--no-cache`` (:func:`add_cache_arguments`): each finished point is
+kept there, so a run stopped part-way resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +33,22 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="parallel solves (default: one per core)")
     p.add_argument("--no-readme", action="store_true", help="do not regenerate results/README.md")
     return p
+
+
+# Finished points of long runs (one file per point, see checkmate.analysis.point_cache); beside the
+# profile cache, under the user's cache folder, so that reruns from any checkout share them.
+POINT_CACHE = Path.home() / ".cache" / "checkmate" / "points"
+
+
+def add_cache_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cache-dir", type=Path, default=POINT_CACHE,
+                   help=f"keep each finished point here and reuse those found (default: {POINT_CACHE})")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write the point cache")
+
+
+def point_cache_dir(args: argparse.Namespace) -> Path | None:
+    """The point cache folder the command line asked for, or None with ``--no-cache``."""
+    return None if args.no_cache else args.cache_dir
 
 
 def write_csv(path: Path, rows: Sequence[dict], columns: Sequence[str] | None = None) -> Path:

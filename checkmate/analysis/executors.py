@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from checkmate.errors import BackendUnavailableError, InvalidArgumentError
 
-__all__ = ["EXECUTORS", "run_tasks", "iter_tasks", "default_workers", "terminate_descendants"]
+__all__ = ["EXECUTORS", "run_tasks", "iter_tasks", "default_workers", "terminate_descendants", "executor_session"]
 
 EXECUTORS = ("process", "ray", "serial")
 
@@ -105,21 +105,52 @@ def _ray_call(fn: TaskFn, shared: Any, task: Any) -> Any:
     return fn(shared, task)
 
 
-def _iter_ray(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
+def _import_ray():
     try:
         import ray
     except ImportError:
         raise BackendUnavailableError(
             "the ray executor needs Ray: pip install 'checkmate[ray]' (or use --executor process)") from None
-    started_here = False
-    if not ray.is_initialized():
-        # RAY_ADDRESS selects an existing cluster; without it a local instance sized to ``workers`` starts.
-        address = os.environ.get("RAY_ADDRESS")
-        if address:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
-        else:
-            ray.init(num_cpus=workers, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
-        started_here = True
+    return ray
+
+
+def _start_ray(ray, workers: int) -> bool:
+    """Connect to Ray unless this process already is; True when this call started the connection."""
+    if ray.is_initialized():
+        return False
+    # RAY_ADDRESS selects an existing cluster; without it a local instance sized to ``workers`` starts,
+    # without the dashboard (a web server nobody reads here, and seconds of start-up).
+    address = os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+    else:
+        ray.init(num_cpus=workers, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    return True
+
+
+@contextlib.contextmanager
+def executor_session(executor: str, workers: int | None = None) -> Iterator[None]:
+    """Keep the executor's workers up across several :func:`run_tasks` calls inside the block.
+
+    Ray takes seconds to start; a caller with several rounds of tasks (a sweep's frontier, then its
+    grid) starts it once here and shuts it down on leaving, where each round alone would start and
+    stop its own. For the other executors it does nothing.
+    """
+    if executor != "ray":
+        yield
+        return
+    ray = _import_ray()
+    started_here = _start_ray(ray, workers or default_workers())
+    try:
+        yield
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _iter_ray(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
+    ray = _import_ray()
+    started_here = _start_ray(ray, workers)
     try:
         remote = ray.remote(num_cpus=1)(_ray_call)
         shared_ref = ray.put(shared)
@@ -136,21 +167,25 @@ def _iter_ray(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> It
 
 def run_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor: str = "process",
               workers: int | None = None, progress: bool = False, desc: str = "solving",
-              into: list[Any] | None = None) -> list[Any]:
+              into: list[Any] | None = None, on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
     """Apply ``fn(shared, task)`` to every task; results in task order. ``progress`` shows a tqdm bar.
 
     ``into``, a list of ``len(tasks)`` Nones, receives each result as it arrives, so that a caller
     interrupted meanwhile (``KeyboardInterrupt``) still has the results that were complete.
+    ``on_result(index, result)`` is called in this process as each result arrives (to store it in a
+    cache, say), whichever executor ran it.
     """
     results: list[Any] = [None] * len(tasks) if into is None else into
     bar = None
-    if progress:
+    if progress and tasks:  # nothing to run (every point cached, say): no empty bar
         from tqdm.auto import tqdm
 
         bar = tqdm(total=len(tasks), desc=desc, unit="solve", file=sys.stderr, leave=False)
     try:
         for index, result in iter_tasks(fn, tasks, shared=shared, executor=executor, workers=workers):
             results[index] = result
+            if on_result is not None:
+                on_result(index, result)
             if bar is not None:
                 bar.update(1)
     finally:

@@ -10,12 +10,18 @@ every budget: they are solved once and their row at each budget says whether tha
 Every row carries the strategy's own lower bound (if it proves one) and the best lower bound that any
 strategy of the sweep proved at its budget (the MILP's or the LP relaxation's), with the gap of the
 row's cost to the latter, so a baseline's distance from optimal can be read off the same table.
+
+With a cache directory, every solve's row is kept as it finishes (:mod:`.point_cache`), keyed by the
+graph's content, the strategy, the budget and the solver options: a sweep that was interrupted, or
+rerun with more strategies, solves only the points it has no row for.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+import logging
 import math
 import os
 import time
@@ -23,7 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from checkmate.analysis.executors import EXECUTORS, run_tasks
+from checkmate import __version__
+from checkmate.analysis.executors import EXECUTORS, executor_session, run_tasks
+from checkmate.analysis.point_cache import PointCache
 from checkmate.analysis.plots import plot_budget_sweep
 from checkmate.analysis.sweep_data import CSV_COLUMNS, SweepResult, SweepRow
 from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
@@ -37,7 +45,10 @@ from checkmate.solvers.registry import STRATEGIES, get_strategy
 __all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "sweep_frontier_budget", "minimum_feasible_budget",
            "trivial_budget_bound",
            "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "load_sweep_json",
-           "check_consistency", "CSV_COLUMNS", "SweepInterrupted", "write_sweep_rows"]
+           "check_consistency", "CSV_COLUMNS", "SweepInterrupted", "write_sweep_rows", "graph_digest",
+           "sweep_point_key"]
+
+logger = logging.getLogger("checkmate.sweep")
 
 # Strategies a sweep runs when none are named: the paper's baselines and Checkmate's own two.
 _DEFAULT_ORDER = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "griewank_logn", "checkmate_lp_rounding",
@@ -121,6 +132,47 @@ def _solve_task(graph_payload: Any, task: _Task) -> dict:
             "status": r.status, "solver": r.solver, "min_feasible_budget_bytes": None}
 
 
+def graph_digest(graph_payload: dict) -> str:
+    """A graph's identity for caching: the hash of its canonical JSON (names, costs, bytes, edges)."""
+    text = json.dumps(graph_payload, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def sweep_point_key(digest: str, task: _Task) -> dict:
+    """Everything one solve's row depends on. The package version is part of it, so that rows
+    computed by another release read as misses rather than as answers of the code running now."""
+    return {"point": "sweep", "graph": digest, "strategy": task.strategy, "budget_bytes": task.budget_bytes,
+            "solver": task.solver, "time_limit_s": task.time_limit_s, "threads": task.threads,
+            "mip_gap": task.mip_gap, "checkmate": __version__}
+
+
+def _run_points(tasks: Sequence[_Task], payload: dict, cache: PointCache, digest: str, into: list[Any],
+                **run: Any) -> list[Any]:
+    """Rows of ``tasks`` into ``into`` (in task order): cached rows are read, the others solved and stored
+    as each finishes, so an interruption loses at most the solves then running."""
+    missing = []
+    for index, t in enumerate(tasks):
+        found = cache.get(sweep_point_key(digest, t))
+        if found is None:
+            missing.append(index)
+        else:
+            cache.hits += 1
+            into[index] = found
+    if cache.directory is not None and len(missing) < len(tasks):
+        logger.info("%d of %d solves read from %s", len(tasks) - len(missing), len(tasks), cache.directory)
+
+    def keep(position: int, row: dict) -> None:
+        index = missing[position]
+        into[index] = row
+        cache.misses += 1
+        # A solver failure may be passing (memory, a killed worker): it is solved again next time.
+        if row["feasible"] is not None:
+            cache.put(sweep_point_key(digest, tasks[index]), row)
+
+    run_tasks(_solve_task, [tasks[i] for i in missing], shared=payload, on_result=keep, **run)
+    return into
+
+
 # Earlier names, kept importable: the sweep's frontier and the working-set lower bound.
 minimum_feasible_budget = sweep_frontier_budget
 trivial_budget_bound = largest_working_set_bytes
@@ -144,17 +196,29 @@ def _is_bound_only(name: str) -> bool:
 
 def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int | Sequence[int] = 10,
           solver: str | None = None, time_limit_s: float | None = None, mip_gap: float | None = None,
-          executor: str = "process", workers: int | None = None, progress: bool = False) -> SweepResult:
+          executor: str = "process", workers: int | None = None, progress: bool = False,
+          cache_dir: str | os.PathLike | None = None) -> SweepResult:
     """Solve ``graph`` with every strategy at every budget of a grid.
 
     ``budgets`` is either the number of grid points (from the minimum feasible budget to the
-    checkpoint-all peak) or an explicit list of budgets in bytes.
+    checkpoint-all peak) or an explicit list of budgets in bytes. ``cache_dir`` keeps each solve's
+    row there as it finishes and reads back the rows it already has instead of solving again.
     """
+    with executor_session(executor, workers):  # one Ray start for the frontier and the grid
+        return _sweep(graph, strategies, budgets=budgets, solver=solver, time_limit_s=time_limit_s,
+                      mip_gap=mip_gap, executor=executor, workers=workers, progress=progress, cache_dir=cache_dir)
+
+
+def _sweep(graph: Graph, strategies: Sequence[str] | None, *, budgets: int | Sequence[int], solver: str | None,
+           time_limit_s: float | None, mip_gap: float | None, executor: str, workers: int | None, progress: bool,
+           cache_dir: str | os.PathLike | None) -> SweepResult:
     if executor not in EXECUTORS:
         raise InvalidArgumentError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
     names = _check_strategies(strategies if strategies is not None else default_strategies())
     start = time.perf_counter()
     payload = graph.to_dict()
+    cache = PointCache(cache_dir)
+    digest = graph_digest(payload) if cache_dir is not None else ""
     # Solver threads stay at the backend default: HiGHS runs its MIP search on one thread regardless.
     threads = None
     peak_all = checkpoint_all_peak(graph)
@@ -171,8 +235,9 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     explicit = not isinstance(budgets, int)
     if not explicit:
         probe_tasks += [task(s, trivial) for s in aware if not _is_bound_only(s)]
-    probe_rows = run_tasks(_solve_task, probe_tasks, shared=payload, executor=executor, workers=workers,
-                           progress=progress, desc=f"{graph.name}: frontier")  # interrupted here: no row yet
+    probe_rows = _run_points(probe_tasks, payload, cache, digest, [None] * len(probe_tasks), executor=executor,
+                             workers=workers, progress=progress,
+                             desc=f"{graph.name}: frontier")  # interrupted here: no row yet
     probes = {t.strategy: row for t, row in zip(probe_tasks, probe_rows)}
 
     if explicit:
@@ -189,8 +254,8 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     solve_tasks = [task(s, b) for s in aware for b in grid if (s, b) not in known]
     solved: list[Any] = [None] * len(solve_tasks)
     try:
-        run_tasks(_solve_task, solve_tasks, shared=payload, executor=executor, workers=workers,
-                  progress=progress, desc=f"{graph.name}: sweep", into=solved)
+        _run_points(solve_tasks, payload, cache, digest, solved, executor=executor, workers=workers,
+                    progress=progress, desc=f"{graph.name}: sweep")
     except KeyboardInterrupt:
         known.update({(t.strategy, t.budget_bytes): row for t, row in zip(solve_tasks, solved) if row is not None})
         raise SweepInterrupted(_finish_rows(graph, _grid_rows(names, grid, unaware, probes, known))) from None
@@ -198,7 +263,8 @@ def sweep(graph: Graph, strategies: Sequence[str] | None = None, *, budgets: int
     rows = _finish_rows(graph, _grid_rows(names, grid, unaware, probes, known))
     return SweepResult(graph.name, graph.n, grid, names, rows, peak_all, low, trivial, graph.total_cost,
                        time.perf_counter() - start,
-                       {"executor": executor, "solver": solver, "time_limit_s": time_limit_s, "mip_gap": mip_gap})
+                       {"executor": executor, "solver": solver, "time_limit_s": time_limit_s, "mip_gap": mip_gap,
+                        "cached_solves": cache.hits, "solves": cache.misses})
 
 
 class SweepInterrupted(KeyboardInterrupt):

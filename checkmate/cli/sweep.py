@@ -37,6 +37,10 @@ def add_parser(sub) -> None:
     add_mip_gap(p)
     p.add_argument("--executor", choices=("process", "ray", "serial"), default="process")
     p.add_argument("--workers", type=positive_int, default=None)
+    p.add_argument("--cache-dir", metavar="DIR", default=None,
+                   help="keep each solve's result in DIR as it finishes and reuse those found there (same graph, "
+                        "strategy, budget and solver options): an interrupted sweep run again solves only the "
+                        "points it had not finished (default: no cache)")
     p.set_defaults(handler=command(run, tensorflow=lambda args: bool(args.model)))
 
 
@@ -74,14 +78,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,
                        time_limit_s=args.time_limit, mip_gap=args.mip_gap, executor=args.executor,
-                       workers=args.workers,
+                       workers=args.workers, cache_dir=args.cache_dir,
                        progress=sys.stderr.isatty() or bool(os.environ.get("CHECKMATE_PROGRESS")))
     except SweepInterrupted as exc:
         # the finished solves are kept, apart from the complete sweep files of an earlier run
         if not exc.rows:
             raise KeyboardInterrupt() from None
         partial = write_sweep_rows(exc.rows, out / PARTIAL_CSV)
-        raise KeyboardInterrupt(f"{len(exc.rows)} complete rows written to {partial}") from None
+        resume = f"; run again to resume from {args.cache_dir}" if args.cache_dir else ""
+        raise KeyboardInterrupt(f"{len(exc.rows)} complete rows written to {partial}{resume}") from None
     paths = write_sweep(result, args.out)
     print(f"graph {graph.name}: {graph.n} nodes; budgets {format_bytes(result.budgets[0])} .. "
           f"{format_bytes(result.budgets[-1])} ({len(result.budgets)} points); "
