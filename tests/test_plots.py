@@ -116,3 +116,23 @@ def test_matplotlib_is_not_imported_by_core_or_sweep():
             "print(','.join(bad)); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_budget_sweep_marks_milp_points_not_proven_optimal(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    proven = [_row("checkmate_milp", b, c) for b, c in ((100, 14.0), (200, 12.0), (300, 11.0))]
+    unproven = SweepRow(**{**proven[1].__dict__, "optimal": False, "gap": 0.01, "status": "within 1%"})
+
+    def legend(rows):
+        fig, ax = plt.subplots()
+        plot_budget_sweep(rows, tmp_path / "unused.png", ax=ax)
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        plt.close(fig)
+        return [text for text in labels if text.startswith("Checkmate")]
+
+    assert legend(proven) == ["Checkmate MILP"]
+    assert legend([proven[0], unproven, proven[2]]) == ["Checkmate MILP", "Checkmate MILP: not proven optimal"]

@@ -33,7 +33,7 @@ _LABELS = {
     "chen_greedy_linearized": "Chen greedy, linearized",
     "griewank_logn": "Griewank & Walther log(n)",
     "checkmate_lp_rounding": "Checkmate LP rounding",
-    "checkmate_milp": "Checkmate MILP (optimal)",
+    "checkmate_milp": "Checkmate MILP",
     "lower_bound_lp": "LP lower bound",
     "hierarchical": "Hierarchical (blocks + DP)",
     "auto": "Auto",
@@ -169,6 +169,14 @@ def plot_budget_sweep(result: SweepResult | Sequence[SweepRow], path: str | os.P
                 linewidth=2.2 if emphasis else 1.4, label=label(strategy), zorder=4 if emphasis else 3,
                 drawstyle="default")
         drawn += 1
+        if emphasis:
+            # "optimal" means proven: points the solver stopped short of proving are drawn hollow
+            unproven = [(r.budget_bytes / scale, r.overhead) for r in srows
+                        if r.feasible and r.overhead is not None and not r.optimal]
+            if unproven:
+                ux, uy = zip(*unproven)
+                ax.plot(ux, uy, linestyle="none", marker=marker, markersize=11, markerfacecolor="white",
+                        markeredgecolor=color, zorder=5, label=f"{label(strategy)}: not proven optimal")
     if drawn == 0:
         ax.text(0.5, 0.5, "no strategy fits any budget of the grid", transform=ax.transAxes, ha="center")
     lo, hi = min(budgets) / scale, max(budgets) / scale
