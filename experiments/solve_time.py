@@ -398,6 +398,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per solve")
     ap.add_argument("--options", default=None,
                     help="solve() options for every run, e.g. mip_gap=0.005,hierarchical_start=true")
+    ap.add_argument("--label", default=None,
+                    help="name of the variant in the CSV's options column (default: the --options text)")
     ap.add_argument("--out", default=None, help="CSV path")
     args = ap.parse_args(argv)
     options = parse_options(args.options)
@@ -469,7 +471,7 @@ def main(argv=None) -> int:
                     res = run_one(graph, budget, strategy, solver, limit, options)
                     row = {"graph": name, "nodes": graph.n, "edges": len(graph.edges), "strategy": strategy,
                            "solver": res.get("solver") or solver or "-", "budget": label, "budget_bytes": budget,
-                           **{k: res.get(k) for k in FIELDS[7:-1]}, "options": args.options or ""}
+                           **{k: res.get(k) for k in FIELDS[7:-1]}, "options": args.label or args.options or ""}
                     rows.append(row)
                     writer.writerow(row)
                     fh.flush()
