@@ -460,28 +460,36 @@ def improve_by_holding(graph: "Graph", candidate: _Candidate, budget_bytes: int,
     current = candidate
     forced = _forced_retention(graph)
     cost = graph.cost
+
+    def moved(R, S, t, i):
+        """(R, S) after holding ``i`` instead of recomputing it in stage ``t``."""
+        s = t - 1
+        while s > i and not (R[s, i] or S[s, i]):
+            s -= 1
+        S2 = np.array(S)
+        S2[s + 1:t + 1, i] = True
+        S2 = prune_unused_holds(graph, S2 | forced)
+        return minimal_recompute(graph, S2), S2
+
     while deadline is None or time.perf_counter() < deadline:
         R, S = current.schedule.recompute, current.schedule.retain
         tt, ii = np.nonzero(np.tril(R, -1))
         cheaper = current.cost - 1e-12 * abs(current.cost)
+        # (cost, t, i) of each move that lowers the cost; the matrices are rebuilt for the few replayed
+        # (keeping them all would take n^2 bytes per move on large graphs)
         moves = []
         for t, i in zip(tt.tolist(), ii.tolist()):
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            s = t - 1
-            while s > i and not (R[s, i] or S[s, i]):
-                s -= 1
-            S2 = np.array(S)
-            S2[s + 1:t + 1, i] = True
-            S2 = prune_unused_holds(graph, S2 | forced)
-            R2 = minimal_recompute(graph, S2)
+            R2, _ = moved(R, S, t, i)
             move_cost = float(cost[np.nonzero(R2)[1]].sum())
             if move_cost < cheaper:
-                moves.append((move_cost, len(moves), R2, S2))
+                moves.append((move_cost, len(moves), t, i))
         best = None
-        for _, _, R2, S2 in sorted(moves, key=lambda m: m[:2]):
+        for _, _, t, i in sorted(moves):
             if deadline is not None and time.perf_counter() > deadline:
                 break
+            R2, S2 = moved(R, S, t, i)
             sim = simulate(graph, _Matrices(R2, S2))
             if sim.valid and sim.peak_memory_bytes <= budget_bytes and sim.compute_cost < cheaper:
                 best = _Candidate(Schedule.from_matrices(graph, R2, S2), sim.compute_cost, sim.peak_memory_bytes,
