@@ -257,7 +257,7 @@ TIGHT_FINDINGS = (
     "need 6.4 and 3.8; SegNet at 1.1x needs 49 CPU seconds, about 5x the 10 s asked for, and is not met. "
     "On the extracted Keras layer graphs and MobileNet (`solve_time_bar.csv`: `python experiments/solve_time.py "
     "--only keras-vgg16,keras-unet,keras-fcn8,mobilenet,keras-mobilenet --budgets 0.9,0.8 --strategies "
-    "checkmate_milp:highs --time-limit 120 --out results/solve_time_bar.csv`, then `--only keras-unet,keras-fcn8 "
+    "checkmate_milp:highs --time-limit 120 --out experiments/results/solve_time_bar.csv`, then `--only keras-unet,keras-fcn8 "
     "--budgets 1.1min`, rows appended): 0.7-2.9 CPU seconds at 90% and 80% (80% is below the working-set "
     "bound of Keras VGG16 and FCN8: infeasible); at 1.1x the (unproven) minimum Keras FCN8 0.8 s and Keras "
     "U-Net 17 s, which misses 10 s; MobileNet 37 s at 90% and 13 s at 80% (synthetic), 15 s and 14 s "
