@@ -17,6 +17,10 @@ baselines and MIP start included, Python start-up excluded). Results: ``results/
     python experiments/solve_time.py                         # the full table (hours on 2 cores)
     python experiments/solve_time.py --graph my_model.json --budgets 0.9,0.8 --strategies checkmate_milp
     python experiments/solve_time.py --only unet,segnet --budgets 1.1min,1.02min --options hierarchical_start=true
+    python experiments/solve_time.py --only segnet --budgets 1.1min --label "before: commit abc1234" --out old.csv
+
+``cpu_seconds`` is the processor time of the solving process (all threads): on a shared machine it moves
+less with the load than the wall-clock ``seconds``.
 """
 
 from __future__ import annotations
@@ -276,10 +280,12 @@ def _child(graph_dict, budget_bytes, strategy, solver, time_limit_s, options, qu
 
     graph = graph_from_dict(graph_dict)
     started = time.perf_counter()
+    started_cpu = time.process_time()
     try:
         r = solve(graph, budget_bytes, strategy, solver=solver, time_limit_s=time_limit_s,
                   **{"threads": 2, **options})
-        queue.put({"seconds": time.perf_counter() - started, "cost": r.compute_cost, "overhead": r.overhead,
+        queue.put({"seconds": time.perf_counter() - started, "cpu_seconds": time.process_time() - started_cpu,
+                   "cost": r.compute_cost, "overhead": r.overhead,
                    "gap": r.gap, "lower_bound": r.lower_bound, "optimal": r.optimal, "status": r.status,
                    "peak_bytes": r.peak_memory_bytes, "solver": r.solver})
     except Exception as exc:  # recorded, not fatal: the table shows which runs failed and why
@@ -320,7 +326,9 @@ def min_budgets(graphs: dict, time_limit_s: float, cache_path: Path) -> dict:
     return graphs
 
 
-FIELDS = ["graph", "nodes", "edges", "strategy", "solver", "budget", "budget_bytes", "seconds", "cost",
+# cpu_seconds: processor time of the solving process, all its threads (on a shared machine it moves less
+# with the load than the wall-clock seconds do).
+FIELDS = ["graph", "nodes", "edges", "strategy", "solver", "budget", "budget_bytes", "seconds", "cpu_seconds", "cost",
           "overhead", "gap", "optimal", "lower_bound", "peak_bytes", "status", "options"]
 
 
@@ -398,6 +406,8 @@ def main(argv=None) -> int:
     ap.add_argument("--time-limit", type=float, default=None, help="seconds per solve")
     ap.add_argument("--options", default=None,
                     help="solve() options for every run, e.g. mip_gap=0.005,hierarchical_start=true")
+    ap.add_argument("--label", default=None,
+                    help="name of the variant in the CSV's options column (default: the --options text)")
     ap.add_argument("--out", default=None, help="CSV path")
     args = ap.parse_args(argv)
     options = parse_options(args.options)
@@ -469,7 +479,7 @@ def main(argv=None) -> int:
                     res = run_one(graph, budget, strategy, solver, limit, options)
                     row = {"graph": name, "nodes": graph.n, "edges": len(graph.edges), "strategy": strategy,
                            "solver": res.get("solver") or solver or "-", "budget": label, "budget_bytes": budget,
-                           **{k: res.get(k) for k in FIELDS[7:-1]}, "options": args.options or ""}
+                           **{k: res.get(k) for k in FIELDS[7:-1]}, "options": args.label or args.options or ""}
                     rows.append(row)
                     writer.writerow(row)
                     fh.flush()

@@ -433,6 +433,44 @@ def test_improving_a_baseline_keeps_it_valid_cheaper_and_within_budget(strategy,
             assert better.cost < start.compute_cost
 
 
+def _improve_by_replaying_every_move(graph, candidate, budget):
+    """The local search as first written: replay every move of a round, keep the cheapest that fits."""
+    current = candidate
+    while True:
+        R, S = current.schedule.recompute, current.schedule.retain
+        best = None
+        for t, i in zip(*np.nonzero(np.tril(R, -1))):
+            s = t - 1
+            while s > i and not (R[s, i] or S[s, i]):
+                s -= 1
+            S2 = np.array(S)
+            S2[s + 1:t + 1, i] = True
+            cand = schedule_from_retain(graph, S2)
+            sim = simulate(graph, cand)
+            if sim.valid and sim.peak_memory_bytes <= budget and sim.compute_cost < current.cost - 1e-12 * current.cost:
+                if best is None or sim.compute_cost < best.cost:
+                    best = _Candidate(cand, sim.compute_cost, sim.peak_memory_bytes, current.source)
+        if best is None:
+            return current
+        current = best
+
+
+@pytest.mark.parametrize("graph", [synthetic.chain(12, name="chain12"), synthetic.unet(3)], ids=["chain", "unet"])
+def test_improvement_replaying_only_the_cheapest_moves_takes_the_same_steps(graph):
+    peak = checkpoint_all_peak(graph)
+    for fraction in (0.5, 0.6, 0.8):
+        budget = int(fraction * peak)
+        try:
+            start = solve(graph, budget, "checkmate_lp_rounding")
+        except InfeasibleBudgetError:
+            continue
+        cand = _Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, "rounding")
+        fast = improve_by_holding(graph, cand, budget)
+        slow = _improve_by_replaying_every_move(graph, cand, budget)
+        assert fast.cost == slow.cost
+        assert np.array_equal(fast.schedule.retain, slow.schedule.retain)
+
+
 def test_improvement_stops_at_the_deadline():
     graph = training_chain(12)
     budget = checkpoint_all_peak(graph)

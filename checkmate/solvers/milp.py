@@ -436,6 +436,14 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     return current
 
 
+@dataclass(frozen=True)
+class _Matrices:
+    """An (R, S) pair that the simulator replays without building a plan first."""
+
+    recompute: np.ndarray
+    retain: np.ndarray
+
+
 def improve_by_holding(graph: "Graph", candidate: _Candidate, budget_bytes: int, *,
                        deadline: float | None = None) -> _Candidate:
     """Local search: replace recomputations by holds while the replayed peak still fits.
@@ -445,24 +453,48 @@ def improve_by_holding(graph: "Graph", candidate: _Candidate, budget_bytes: int,
     useless holds pruned) and replayed. Each round applies the move that lowers the cost most, until
     no move fits or the deadline passes. Rounded LP solutions and baselines at tight budgets
     recompute far more than needed; this gives the MILP a much lower cutoff to start from.
+
+    A move's cost needs only its minimal R; the replay, which dominates the work, runs on the moves
+    in increasing order of cost and stops at the first that fits, so a round replays few of them.
     """
     current = candidate
+    forced = _forced_retention(graph)
+    cost = graph.cost
+
+    def moved(R, S, t, i):
+        """(R, S) after holding ``i`` instead of recomputing it in stage ``t``."""
+        s = t - 1
+        while s > i and not (R[s, i] or S[s, i]):
+            s -= 1
+        S2 = np.array(S)
+        S2[s + 1:t + 1, i] = True
+        S2 = prune_unused_holds(graph, S2 | forced)
+        return minimal_recompute(graph, S2), S2
+
     while deadline is None or time.perf_counter() < deadline:
         R, S = current.schedule.recompute, current.schedule.retain
         tt, ii = np.nonzero(np.tril(R, -1))
-        best = None
+        cheaper = current.cost - 1e-12 * abs(current.cost)
+        # (cost, t, i) of each move that lowers the cost; the matrices are rebuilt for the few replayed
+        # (keeping them all would take n^2 bytes per move on large graphs)
+        moves = []
         for t, i in zip(tt.tolist(), ii.tolist()):
             if deadline is not None and time.perf_counter() > deadline:
                 break
-            s = t - 1
-            while s > i and not (R[s, i] or S[s, i]):
-                s -= 1
-            S2 = np.array(S)
-            S2[s + 1:t + 1, i] = True
-            cand = _evaluate(graph, schedule_from_retain(graph, S2), current.source)
-            if cand is not None and cand.peak_bytes <= budget_bytes and cand.cost < current.cost - 1e-12 * abs(current.cost):
-                if best is None or cand.cost < best.cost:
-                    best = cand
+            R2, _ = moved(R, S, t, i)
+            move_cost = float(cost[np.nonzero(R2)[1]].sum())
+            if move_cost < cheaper:
+                moves.append((move_cost, len(moves), t, i))
+        best = None
+        for _, _, t, i in sorted(moves):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
+            R2, S2 = moved(R, S, t, i)
+            sim = simulate(graph, _Matrices(R2, S2))
+            if sim.valid and sim.peak_memory_bytes <= budget_bytes and sim.compute_cost < cheaper:
+                best = _Candidate(Schedule.from_matrices(graph, R2, S2), sim.compute_cost, sim.peak_memory_bytes,
+                                  current.source)
+                break
         if best is None:
             break
         current = best
