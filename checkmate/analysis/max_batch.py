@@ -77,6 +77,9 @@ DEFAULT_CONFIRM_MAX_BYTES = 8 * 10**9
 # Local search on a probe's best schedule before branch and bound: at most this long (it often lowers
 # the cost below the limit at once, and costs little next to a MILP solve).
 _IMPROVE_TIME_S = 10.0
+# Strategies whose search starts at the best size the others reached: the MILP (every baseline schedule
+# is a feasible point of it) and the scalable strategies that keep the best baseline as a floor.
+_STARTS_FROM_BEST = ("checkmate_milp", "hierarchical", "auto")
 # What a cached probe means; bumped when the meaning of a stored probe changes.
 _PROBE_FORMAT = 3
 
@@ -208,9 +211,9 @@ def decide_milp(graph: Graph, batch_size: int, memory_bytes: int, limit: float, 
     1. every baseline's schedule within the memory limit: one within the cost limit answers yes;
     2. the LP relaxation: infeasible, or a bound above the cost limit, answers no; its roundings
        (and a short local search on the cheapest) may answer yes;
-    3. branch and bound seeded with the cheapest schedule so far, with the cost limit as both its
-       cutoff (nodes whose bound exceeds it are pruned, so "infeasible" means no schedule within the
-       limit) and its target (it stops at the first incumbent within the limit).
+    3. branch and bound with the cost limit as both its cutoff (nodes whose bound exceeds it are
+       pruned, so "infeasible" means no schedule within the limit) and its target (it stops at the
+       first incumbent within the limit).
 
     Every yes rests on a replayed schedule within both limits. The time limit covers all three
     steps; reaching it without an answer gives an undecided probe.
@@ -483,8 +486,10 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
                   cache=cache, progress=bar, **options)
     for strategy in strategies:
         # Every baseline's schedule is a feasible point of the MILP, so the MILP fits wherever another
-        # strategy does: start its (expensive) search from the best size found so far.
-        start = max((r.max_batch_size for r in results), default=1) if strategy == "checkmate_milp" else 1
+        # strategy does: start its (expensive) search from the best size found so far. The scalable
+        # strategies start there too (a start that does not fit restarts the search from 1).
+        dominating = strategy in _STARTS_FROM_BEST
+        start = max((r.max_batch_size for r in results), default=1) if dominating else 1
         res = max_batch_size(family, memory_bytes, strategy, model=model, start_batch=start,
                              cache_key={**key, "graph_source": "interpolated"}, **common)
         res = _settle_on_real_graph(res, extract, memory_bytes, strategy, {**key, "graph_source": "extracted"},
