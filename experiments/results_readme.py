@@ -101,13 +101,15 @@ MAX_BATCH_DIFFERENCES = {
     "fcn8": ("weights and their gradients take a GiB (fc6 alone has 7x7x512x4096 weights); at 53 no schedule "
              "fits 16 GB at all (the LP relaxation is infeasible), so memory, not compute, ends the MILP's "
              "search at Chen greedy's size"),
-    "segnet": ("conv-BN-ReLU blocks at full resolution: 206 layer nodes, the largest MILP of the "
-               "segmentation models; probes whose LP bound is below the cost limit need branch and bound"),
-    "resnet50": ("390 layer nodes: the flat MILP's LP relaxation alone outlasts a probe's time limit, so its "
-                 "probes above Chen's greedy are undecided and its row is a lower bound; the hierarchical "
-                 "strategy is reported beside it"),
-    "vgg19": ("weights and their gradients (over a GiB) are resident in our accounting; the paper's "
-              "accounting of parameters is not stated in its text"),
+    "segnet": ("conv-BN-ReLU blocks at full resolution, 206 layer nodes: the MILP's probes at 30, 31 and 37 "
+               "reached the time limit undecided (the LP bound below the cost limit, no schedule within it "
+               "found), so its 29 is a lower bound"),
+    "resnet50": ("390 layer nodes: the flat MILP's LP relaxation alone outlasts a probe's time limit, so every "
+                 "probe above Chen's greedy is undecided and the MILP's row is a lower bound; the hierarchical "
+                 "strategy, reported beside it, also stops at Chen greedy's size"),
+    "vgg19": ("Chen's greedy already reaches the working-set bound (at 286 one node's inputs and output alone "
+              "exceed the limit), so the MILP cannot pass it; weights and their gradients (over a GiB) are "
+              "resident in our accounting, which the paper's text does not state for its own"),
     "mobilenet": ("checkpoint-all is within 8% of the paper's; the MILP stops at the working-set bound: at 804 "
                   "one node (`conv_pw_1_bn_grad`, the backward of the first pointwise block's BatchNorm) "
                   "needs its inputs and output resident together, which with the weights exceeds 16 GB, so "
@@ -197,8 +199,8 @@ def _paper_comparison(rows: list[dict]) -> str:
 MAX_BATCH_COMMON_CAUSES = (
     "Causes common to every row: the paper ran on a 16 GB V100 with costs profiled there, we count 16 GB as "
     "16e9 bytes (14.90 GiB) with FLOP costs on this CPU, so \"one extra forward pass\" weighs layers "
-    "differently; our graphs are Keras-layer graphs with one backward node per layer (the paper's TF "
-    "graphs are finer); our memory counts the weights, their gradients (resident for the whole step) "
+    "differently; our graphs are Keras-layer graphs with one backward node per layer, and a graph's "
+    "granularity sets its working sets (see MobileNet); our memory counts the weights, their gradients (resident for the whole step) "
     "and the batch, with SGD and no optimizer state, and no framework workspace; and our models are "
     "this package's zoo versions (`checkmate.tf2.zoo`), not the paper's exact networks. Figure 6's "
     "numbers for FCN8, SegNet and ResNet50, and its Chen-baseline bars, are not stated in any text source "
@@ -227,6 +229,13 @@ def section_max_batch(folder: Path) -> str:
                    "started again reads what was already answered). A 16 GB step is more than this "
                    "machine runs (steps above 8 GB are not run here), so the final sizes are planned "
                    "and replayed by the simulator, not measured.\n")
+        meta_path = folder / "max_batch_full.meta.json"
+        cache = json.loads(meta_path.read_text()).get("probe_cache") if meta_path.exists() else None
+        if cache and cache.get("hits"):
+            solved_s = sum(float(r.get("probe_seconds") or 0) for r in rows)
+            out.append(f"This run read {cache['hits']} probes from the cache and solved {cache['misses']}; the "
+                       f"probes' own solve time, over the runs that solved them, adds up to {solved_s / 60:.0f} "
+                       "minutes (`probe_seconds` in the CSV).\n")
         out.append(_max_batch_table(rows, _sort_strategies({r["strategy"] for r in rows}), with_measured=False))
         if (folder / "max_batch_full.png").exists():
             out.append("![max batch size, full setting](max_batch_full.png)\n")
