@@ -39,9 +39,8 @@ graph, so an interrupted search resumes without solving again what it already an
 from __future__ import annotations
 
 import hashlib
-import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
 import numpy as np
