@@ -4,13 +4,22 @@ Setting (as in the paper): a strategy "fits" batch size ``b`` when it finds a sc
 training graph at ``b`` whose peak memory is within the limit **and** whose compute cost is at most
 one extra forward pass over a plain step (cost <= forward + backward + forward). Checkpoint-all fits
 while its peak does; Chen's sqrt(n) recomputes each forward value at most once, so it meets the
-cost bound by construction; the MILP minimises cost within the memory limit, so it fits exactly when
-its optimum is within the cost bound.
+cost bound by construction; the MILP fits exactly when its optimum is within the cost bound.
 
-Search: doubling from batch size 1 until a size does not fit, then bisection between the last size
+A MILP probe is a yes/no question, so it is answered as one (:func:`decide_milp`) instead of by a
+full solve: yes as soon as any schedule within both limits is found (a baseline's, a rounding of the
+LP relaxation, or an incumbent of branch and bound, which stops at the first one within the cost
+limit), no as soon as a bound proves the cost limit unreachable (the LP relaxation's, or branch and
+bound's with the cost limit as its cutoff). A probe that reaches its time limit without either is
+*undecided*: it never counts as fitting, the search treats it as "does not fit", and the result
+lists it (``MaxBatchResult.undecided``), so a reported size is then a proven lower bound on the
+strategy's maximum rather than the maximum itself.
+
+Search: doubling from a start size until a size does not fit, then bisection between the last size
 that fitted and the first that did not. This assumes fitting is monotone in batch size, which holds
 for every strategy here because every activation grows with the batch while the graph's structure
-does not change.
+does not change. The MILP starts from the best size another strategy reached: every baseline's
+schedule is a feasible point of the MILP (its replay is within both limits), so the MILP fits there.
 
 Graphs per batch size (:class:`BatchGraphFamily`): the model is extracted at two batch sizes and
 every node's bytes (and cost) are interpolated as an affine function of the batch size. For bytes
@@ -21,24 +30,33 @@ weights and optimizer state), and a sum of such terms is affine. Costs interpola
 strategy is re-extracted and re-solved, so the reported result never rests on interpolation, and,
 where the memory limit fits this machine, confirmed by running the compiled training step and
 measuring its peak memory.
+
+Every probe can be kept in a :class:`~checkmate.analysis.point_cache.PointCache`, keyed by the
+model, input shape, memory limit, strategy, batch size, solver settings and a digest of the probed
+graph, so an interrupted search resumes without solving again what it already answered.
 """
 
 from __future__ import annotations
 
-import math
+import hashlib
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from checkmate.analysis.models import extract_graph
+from checkmate.analysis.point_cache import PointCache
+from checkmate.bounds import largest_working_set_bytes
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, InvalidGraphError, SolverError
 from checkmate.graph import Graph, Node
 from checkmate.solvers import get_strategy, solve
+from checkmate.solvers.backends import INFEASIBLE, OPTIMAL, get_backend
+from checkmate.solvers.registry import make_options
 
 __all__ = ["BatchProbe", "MaxBatchResult", "BatchGraphFamily", "forward_cost", "cost_limit", "probe_batch",
-           "max_batch_size", "max_batch_sizes", "DEFAULT_STRATEGIES"]
+           "decide_milp", "graph_digest", "max_batch_size", "max_batch_sizes", "search_model", "DEFAULT_STRATEGIES",
+           "DEFAULT_CONFIRM_MAX_BYTES"]
 
 # The paper's four contenders.
 DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "chen_greedy", "checkmate_milp")
@@ -52,6 +70,17 @@ PROBE_MIP_GAP = 0.02
 # result that reaches it says so (``MaxBatchResult.search_limit_reached``). 2**30 samples keep every
 # byte count of a probed graph far inside int64.
 MAX_SEARCH_BATCH = 1 << 30
+# The largest memory limit whose final sizes are confirmed by running the compiled step here: the step
+# needs about that much RAM (plus TensorFlow's own), and the machines these studies run on are shared.
+DEFAULT_CONFIRM_MAX_BYTES = 8 * 10**9
+# Local search on a probe's best schedule before branch and bound: at most this long (it often lowers
+# the cost below the limit at once, and costs little next to a MILP solve).
+_IMPROVE_TIME_S = 10.0
+# Strategies whose search starts at the best size the others reached: the MILP (every baseline schedule
+# is a feasible point of it) and the scalable strategies that keep the best baseline as a floor.
+_STARTS_FROM_BEST = ("checkmate_milp", "hierarchical", "auto")
+# What a cached probe means; bumped when the meaning of a stored probe changes.
+_PROBE_FORMAT = 3
 
 
 def forward_cost(graph: Graph) -> float:
@@ -67,12 +96,28 @@ def cost_limit(graph: Graph, extra_forward_passes: float = 1.0) -> float:
 class BatchProbe:
     batch_size: int
     fits: bool
-    reason: str                      # "fits", "over memory", "over compute", "solver failed: ..."
+    # "fits", "over memory", "over compute", "undecided: ..." (the time limit came first), "solver failed: ..."
+    reason: str
     compute_cost: float | None = None
     cost_limit: float | None = None
     overhead: float | None = None
     peak_memory_bytes: int | None = None
     solve_seconds: float = 0.0
+    # False when the probe ended without an answer: ``fits`` is then False, but the size may fit
+    decided: bool = True
+    lower_bound: float | None = None   # a proven lower bound on the cost within the memory limit, if any
+    source: str = ""                   # what answered: the schedule found, or the bound that ruled it out
+    cached: bool = False               # read from the probe cache, not solved in this run
+
+    def to_json_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("cached")
+        return out
+
+    @classmethod
+    def from_json_dict(cls, data: dict) -> "BatchProbe":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
 
 
 @dataclass
@@ -90,52 +135,234 @@ class MaxBatchResult:
     search_limit_reached: bool = False
     search_limit: int = MAX_SEARCH_BATCH
 
+    @property
+    def undecided(self) -> list[int]:
+        """Batch sizes whose probe ended without an answer (the time limit came first)."""
+        return sorted({p.batch_size for p in self.probes if not p.decided}
+                      | ({self.final.batch_size} if self.final is not None and not self.final.decided else set()))
+
+    @property
+    def is_lower_bound(self) -> bool:
+        """Whether an undecided probe above the result leaves the true maximum possibly larger."""
+        return any(b > self.max_batch_size for b in self.undecided)
+
     def to_json_dict(self) -> dict:
         out = asdict(self)
-        out["probes"] = [asdict(p) for p in self.probes]
-        out["final"] = asdict(self.final) if self.final else None
+        out["probes"] = [p.to_json_dict() for p in self.probes]
+        out["final"] = self.final.to_json_dict() if self.final else None
+        out["undecided"] = self.undecided
+        out["is_lower_bound"] = self.is_lower_bound
         return out
+
+
+def _probe_of(batch_size: int, limit: float, fits: bool, reason: str, start: float, *, cost: float | None = None,
+              peak: int | None = None, base_cost: float | None = None, decided: bool = True,
+              bound: float | None = None, source: str = "") -> BatchProbe:
+    overhead = cost / base_cost if cost is not None and base_cost else None
+    return BatchProbe(batch_size, fits, reason, cost, limit, overhead, peak, time.perf_counter() - start, decided,
+                      bound, source)
+
+
+def _within(cost: float, limit: float) -> bool:
+    return cost <= limit * (1 + _COST_RTOL)
 
 
 def probe_batch(graph: Graph, batch_size: int, memory_bytes: int, strategy: str, *,
                 extra_forward_passes: float = 1.0, solver: str | None = None,
                 time_limit_s: float | None = None, **options: Any) -> BatchProbe:
-    """Does ``strategy`` fit ``graph`` (the training graph at ``batch_size``) in the paper's setting?"""
+    """Does ``strategy`` fit ``graph`` (the training graph at ``batch_size``) in the paper's setting?
+
+    The MILP on HiGHS (the default backend) is answered by :func:`decide_milp`; on other backends, by a
+    full solve whose result counts as "over compute" only when its proven bound exceeds the cost
+    limit (otherwise the probe is undecided).
+    """
     limit = cost_limit(graph, extra_forward_passes)
     start = time.perf_counter()
+    if strategy == "checkmate_milp" and get_backend(solver).name == "highs":
+        return decide_milp(graph, batch_size, memory_bytes, limit, solver=solver, time_limit_s=time_limit_s,
+                           **options)
     try:
         r = solve(graph, memory_bytes, strategy=strategy, solver=solver, time_limit_s=time_limit_s, **options)
     except InfeasibleBudgetError:
-        return BatchProbe(batch_size, False, "over memory", cost_limit=limit,
-                          solve_seconds=time.perf_counter() - start)
+        return _probe_of(batch_size, limit, False, "over memory", start)
     except SolverError as exc:
-        return BatchProbe(batch_size, False, f"solver failed: {exc}", cost_limit=limit,
-                          solve_seconds=time.perf_counter() - start)
+        # a solver that stops without a schedule has not shown that nothing fits
+        return _probe_of(batch_size, limit, False, f"undecided: {exc}", start, decided=False)
     if r.compute_cost is None:
         raise InvalidArgumentError(f"{strategy} gives no schedule; it cannot be used in a max-batch search")
-    fits = r.compute_cost <= limit * (1 + _COST_RTOL)
-    return BatchProbe(batch_size, fits, "fits" if fits else "over compute", r.compute_cost, limit, r.overhead,
-                      r.peak_memory_bytes, r.solve_seconds)
+    kw = dict(cost=r.compute_cost, peak=r.peak_memory_bytes, base_cost=graph.total_cost, bound=r.lower_bound,
+              source=r.status)
+    if _within(r.compute_cost, limit):
+        return _probe_of(batch_size, limit, True, "fits", start, **kw)
+    if r.lower_bound is not None and _within(r.lower_bound, limit):
+        # the solver stopped above the limit but could not rule a schedule within it out
+        return _probe_of(batch_size, limit, False, "undecided: stopped above the cost limit, bound below it",
+                         start, decided=False, **kw)
+    return _probe_of(batch_size, limit, False, "over compute", start, **kw)
+
+
+def decide_milp(graph: Graph, batch_size: int, memory_bytes: int, limit: float, *, solver: str | None = None,
+                time_limit_s: float | None = None, **options: Any) -> BatchProbe:
+    """Is there a schedule within ``memory_bytes`` whose cost is at most ``limit``? (HiGHS)
+
+    The MILP strategy's own pieces, stopped as soon as the answer is known:
+
+    1. every baseline's schedule within the memory limit: one within the cost limit answers yes;
+    2. the LP relaxation: infeasible, or a bound above the cost limit, answers no; its roundings
+       (and a short local search on the cheapest) may answer yes;
+    3. branch and bound with the cost limit as both its cutoff (nodes whose bound exceeds it are
+       pruned, so "infeasible" means no schedule within the limit) and its target (it stops at the
+       first incumbent within the limit).
+
+    Every yes rests on a replayed schedule within both limits. The time limit covers all three
+    steps; reaching it without an answer gives an undecided probe.
+    """
+    from checkmate.solvers.milp import (_baseline_candidates, _build, _evaluate, _proven_bound,
+                                        _tolerance_bytes, improve_by_holding, round_relaxation,
+                                        schedule_from_retain)
+
+    start = time.perf_counter()
+    opts = make_options(solver, time_limit_s, **options)
+    deadline = None if time_limit_s is None else start + float(time_limit_s)
+
+    def remaining() -> float | None:
+        return None if deadline is None else max(deadline - time.perf_counter(), 0.01)
+
+    base = graph.total_cost
+
+    def yes(cand, source: str, bound=None) -> BatchProbe:
+        return _probe_of(batch_size, limit, True, "fits", start, cost=cand.cost, peak=cand.peak_bytes,
+                         base_cost=base, bound=bound, source=source)
+
+    if memory_bytes < largest_working_set_bytes(graph):
+        return _probe_of(batch_size, limit, False, "over memory", start,
+                         source="some node's inputs and output alone exceed the limit")
+    backend = get_backend(solver)
+    pool = [c for c in _baseline_candidates(graph, memory_bytes, opts) if c.peak_bytes <= memory_bytes]
+    best = min(pool, key=lambda c: c.cost, default=None)
+    if best is not None and _within(best.cost, limit):
+        return yes(best, f"{best.source} schedule")
+    form = _build(graph, memory_bytes, opts, backend)
+    lp = backend.solve(form.model.relaxed(), time_limit_s=remaining(), threads=opts.threads, verbose=opts.verbose)
+    bound = None
+    if lp.status == INFEASIBLE and not pool:
+        return _probe_of(batch_size, limit, False, "over memory", start, source="LP relaxation infeasible")
+    if lp.status == OPTIMAL and lp.x is not None:
+        bound = _proven_bound(form, lp.objective * form.model.objective_scale)
+        if not _within(bound, limit):
+            return _probe_of(batch_size, limit, False, "over compute", start, bound=bound,
+                             cost=None if best is None else best.cost, base_cost=base,
+                             source="LP relaxation's bound above the cost limit")
+        pool += round_relaxation(graph, form, lp.x, memory_bytes, seed=opts.seed, deadline=deadline)
+        best = min(pool, key=lambda c: c.cost, default=None)
+        if best is not None and _within(best.cost, limit):
+            return yes(best, f"rounded LP relaxation ({best.source})", bound)
+    if best is not None:
+        left = remaining()
+        improve_s = _IMPROVE_TIME_S if left is None else min(_IMPROVE_TIME_S, 0.1 * left)
+        best = improve_by_holding(graph, best, memory_bytes, deadline=time.perf_counter() + improve_s)
+        if _within(best.cost, limit):
+            return yes(best, f"{best.source} (local search)", bound)
+    # Branch and bound for a yes/no answer: cutoff and target at the cost limit, in model units. No MIP
+    # start: every schedule found so far costs more than the limit, so the cutoff would reject it.
+    # Presolve off: HiGHS' MIP presolve does not watch the time limit, and on the larger layer graphs
+    # it runs for minutes (SegNet at 416x608, 73,000 columns: over two minutes past a 40 s limit);
+    # without it the limit holds to a second.
+    target = limit * (1 + _COST_RTOL) / form.model.objective_scale
+    extra = {"objective_bound": float(target), "objective_target": float(target), "presolve": "off"}
+    budget = memory_bytes
+    for attempt in range(2):
+        res = backend.solve(form.with_budget(budget).model if budget != memory_bytes else form.model,
+                            time_limit_s=remaining(), mip_gap=opts.mip_gap, threads=opts.threads,
+                            verbose=opts.verbose, extra_options=extra)
+        if res.x is not None:
+            _, S = form.decode(res.x)
+            cand = _evaluate(graph, schedule_from_retain(graph, S), "branch and bound")
+            if cand is not None and cand.peak_bytes <= memory_bytes and _within(cand.cost, limit):
+                return yes(cand, "branch and bound", bound)
+            if cand is not None and attempt == 0 and cand.peak_bytes > memory_bytes:
+                # the solver's tolerances let a few bytes too many through: once more, a little lower
+                budget = memory_bytes - max(cand.peak_bytes - memory_bytes, _tolerance_bytes(graph, memory_bytes))
+                continue
+        if res.bound is not None:
+            mip_bound = _proven_bound(form, res.bound * form.model.objective_scale)
+            bound = mip_bound if bound is None else max(bound, mip_bound)
+        if res.status == INFEASIBLE or (bound is not None and not _within(bound, limit)):
+            # with the cutoff at the limit, "infeasible" says that no schedule costs at most the limit
+            return _probe_of(batch_size, limit, False, "over compute" if pool or lp.status == OPTIMAL else
+                             "over memory", start, bound=bound, cost=None if best is None else best.cost,
+                             base_cost=base, source="branch and bound: nothing within the cost limit")
+        break
+    return _probe_of(batch_size, limit, False, f"undecided: time limit ({time_limit_s} s)", start, decided=False,
+                     bound=bound, cost=None if best is None else best.cost, base_cost=base,
+                     source="no schedule within the cost limit found, none ruled out")
+
+
+def graph_digest(graph: Graph) -> str:
+    """A short hash of everything a probe's answer depends on in ``graph``: sizes, costs, edges, flags."""
+    h = hashlib.sha256()
+    h.update(np.ascontiguousarray(graph.mem, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(graph.cost, dtype=np.float64).tobytes())
+    h.update(np.asarray(graph.edges, dtype=np.int64).tobytes())
+    h.update(np.packbits(np.c_[graph.backward, graph.output, graph.recomputable]).tobytes())
+    h.update(str(int(graph.fixed_mem)).encode())
+    return h.hexdigest()[:24]
+
+
+def _cached_probe(cache: PointCache | None, key: dict | None, graph: Graph, compute: Callable[[], BatchProbe]
+                  ) -> BatchProbe:
+    """The probe of ``key`` on ``graph`` from ``cache``, or computed and stored.
+
+    The time limit is not part of the key: a decided probe holds whatever the limit, so a rerun with
+    another limit reuses it; an undecided one is solved again when the new limit is longer.
+    """
+    if cache is None or key is None:
+        return compute()
+    time_limit_s = key.get("time_limit_s")
+    full = {**{k: v for k, v in key.items() if k != "time_limit_s"}, "graph": graph_digest(graph),
+            "format": _PROBE_FORMAT}
+    found = cache.get(full)
+    if found is not None:
+        tried_s = found.get("time_limit_s")
+        longer = tried_s is not None and (time_limit_s is None or time_limit_s > tried_s)
+        if found.get("decided", True) or not longer:
+            cache.hits += 1
+            return BatchProbe.from_json_dict({**found, "cached": True})
+    cache.misses += 1
+    probe = compute()
+    cache.put(full, {**probe.to_json_dict(), "time_limit_s": time_limit_s})
+    return probe
 
 
 def max_batch_size(graph_at: Callable[[int], Graph], memory_bytes: int, strategy: str, *,
                    extra_forward_passes: float = 1.0, max_batch: int = MAX_SEARCH_BATCH, solver: str | None = None,
                    time_limit_s: float | None = None, model: str = "", start_batch: int = 1,
+                   cache: PointCache | None = None, cache_key: dict | None = None, progress: Any = None,
                    **options: Any) -> MaxBatchResult:
     """Doubling then bisection over batch sizes; ``graph_at(b)`` gives the training graph at ``b``.
 
     ``start_batch`` is where doubling starts (a size expected to fit, e.g. another strategy's result
-    for a strategy that dominates it); if it does not fit, the search restarts from 1.
+    for a strategy that dominates it); if it does not fit, the search restarts from 1. ``cache``
+    (with ``cache_key``, what besides the graph the answers depend on) keeps every probe; ``progress``
+    is a tqdm bar advanced once per probe.
     """
     get_strategy(strategy)
     start = time.perf_counter()
     probes: dict[int, BatchProbe] = {}
+    key = None if cache_key is None else {**cache_key, "strategy": strategy, "memory_bytes": int(memory_bytes),
+                                          "extra_forward_passes": extra_forward_passes, "solver": solver,
+                                          "time_limit_s": time_limit_s, "options": options}
 
     def fits(b: int) -> bool:
         if b not in probes:
-            probes[b] = probe_batch(graph_at(b), b, memory_bytes, strategy,
-                                    extra_forward_passes=extra_forward_passes, solver=solver,
-                                    time_limit_s=time_limit_s, **options)
+            graph = graph_at(b)
+            probes[b] = _cached_probe(cache, None if key is None else {**key, "batch_size": b}, graph,
+                                      lambda: probe_batch(graph, b, memory_bytes, strategy,
+                                                          extra_forward_passes=extra_forward_passes, solver=solver,
+                                                          time_limit_s=time_limit_s, **options))
+            if progress is not None:
+                progress.set_postfix_str(f"{strategy} b={b}: {probes[b].reason[:40]}")
+                progress.update(1)
         return probes[b].fits
 
     best = 0
@@ -229,52 +456,70 @@ def _renamed(graph: Graph, name: str) -> Graph:
 def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFAULT_STRATEGIES, *,
                  input_shape: tuple[int, ...] | None = None, level: str = "layer", cost_model: str = "flops",
                  gradient_nodes: bool = False, reference_batches: tuple[int, int] = (1, 2), confirm: bool | None = None,
-                 solver: str | None = None, time_limit_s: float | None = None, progress: bool = False,
-                 extra_forward_passes: float = 1.0, **options: Any) -> list[MaxBatchResult]:
+                 confirm_max_bytes: int = DEFAULT_CONFIRM_MAX_BYTES, solver: str | None = None,
+                 time_limit_s: float | None = None, progress: bool = False, extra_forward_passes: float = 1.0,
+                 cache: PointCache | None = None, **options: Any) -> list[MaxBatchResult]:
     """The max-batch study for one zoo model: search on interpolated graphs, then re-extract and
-    re-solve each strategy's final batch size; ``confirm`` (default: when the limit fits this
-    machine's free memory) runs the compiled step there and records its measured peak. Graphs are
-    the compact layer graphs by default (``gradient_nodes``: see :func:`checkmate.tf2.lowering.lower`),
-    which the MILP solves fastest across the many probes of the search."""
+    re-solve each strategy's final batch size. ``confirm`` (default: when the limit is at most
+    ``confirm_max_bytes`` and fits this machine's free memory) runs the compiled step at each final
+    size and records its measured peak; otherwise ``measured`` says that the size was only planned.
+    Graphs are the compact layer graphs by default (``gradient_nodes``: see
+    :func:`checkmate.tf2.lowering.lower`), which the MILP solves fastest across the many probes of the
+    search. ``cache`` keeps every probe (see :func:`max_batch_size`)."""
     def extract(b: int) -> Graph:
         return extract_graph(model, b, input_shape=input_shape, level=level, cost_model=cost_model,
                              gradient_nodes=gradient_nodes)
 
     b1, b2 = reference_batches
     family = BatchGraphFamily(extract(b1), b1, extract(b2), b2, name=model)
+    key = {"study": "max_batch", "model": model, "input_shape": list(input_shape) if input_shape else None,
+           "level": level, "cost_model": cost_model, "gradient_nodes": gradient_nodes}
     results = []
     strategies = list(strategies)
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(strategies), desc=f"{model}: max batch", unit="strategy", leave=False)
+        bar = tqdm(desc=f"{model}: max batch", unit="probe", leave=False)
+    common = dict(extra_forward_passes=extra_forward_passes, solver=solver, time_limit_s=time_limit_s,
+                  cache=cache, progress=bar, **options)
     for strategy in strategies:
-        # Within the memory and compute limits the MILP is optimal, so it fits wherever any other
-        # strategy does: start its (expensive) search from the best size found so far.
-        start = max((r.max_batch_size for r in results), default=1) if strategy == "checkmate_milp" else 1
-        res = max_batch_size(family, memory_bytes, strategy, extra_forward_passes=extra_forward_passes,
-                             solver=solver, time_limit_s=time_limit_s, model=model, start_batch=start, **options)
-        res = _settle_on_real_graph(res, extract, memory_bytes, strategy, extra_forward_passes, solver, time_limit_s,
-                                    options)
-        if _should_confirm(confirm, memory_bytes) and res.max_batch_size > 0:
-            res.measured = _measure(model, res.max_batch_size, memory_bytes, strategy, input_shape, level,
-                                    gradient_nodes, solver, time_limit_s)
+        # Every baseline's schedule is a feasible point of the MILP, so the MILP fits wherever another
+        # strategy does: start its (expensive) search from the best size found so far. The scalable
+        # strategies start there too (a start that does not fit restarts the search from 1).
+        dominating = strategy in _STARTS_FROM_BEST
+        start = max((r.max_batch_size for r in results), default=1) if dominating else 1
+        res = max_batch_size(family, memory_bytes, strategy, model=model, start_batch=start,
+                             cache_key={**key, "graph_source": "interpolated"}, **common)
+        res = _settle_on_real_graph(res, extract, memory_bytes, strategy, {**key, "graph_source": "extracted"},
+                                    common)
+        if res.max_batch_size > 0:
+            why_not = _why_not_confirm(confirm, memory_bytes, confirm_max_bytes)
+            if why_not is None:
+                res.measured = _measure(model, res.max_batch_size, memory_bytes, strategy, input_shape, level,
+                                        gradient_nodes, solver, time_limit_s)
+            else:
+                res.measured = {"status": f"planned only: {why_not}"}
         results.append(res)
-        if bar is not None:
-            bar.update(1)
     if bar is not None:
         bar.close()
     return results
 
 
-def _settle_on_real_graph(res: MaxBatchResult, extract, memory_bytes, strategy, extra, solver, time_limit_s,
-                          options):
+def _settle_on_real_graph(res: MaxBatchResult, extract, memory_bytes, strategy, key, common):
     """Re-solve the final size on a real extraction; if it does not fit there, step down until one does."""
     b = res.max_batch_size
+    opts = {k: v for k, v in common.items() if k not in ("cache", "progress")}
+    cache_key = {**key, "strategy": strategy, "memory_bytes": int(memory_bytes),
+                 **{k: v for k, v in opts.items() if k in ("extra_forward_passes", "solver", "time_limit_s")},
+                 "options": {k: v for k, v in opts.items()
+                             if k not in ("extra_forward_passes", "solver", "time_limit_s")}}
     while b > 0:
-        probe = probe_batch(extract(b), b, memory_bytes, strategy, extra_forward_passes=extra, solver=solver,
-                            time_limit_s=time_limit_s, **options)
+        graph = extract(b)
+        probe = _cached_probe(common.get("cache"), {**cache_key, "batch_size": b}, graph,
+                              lambda: probe_batch(graph, b, memory_bytes, strategy, **opts))
+        if common.get("progress") is not None:
+            common["progress"].update(1)
         if probe.fits:
             res.final = probe
             break
@@ -297,12 +542,17 @@ def _available_memory_bytes() -> int | None:
     return None
 
 
-def _should_confirm(confirm: bool | None, memory_bytes: int) -> bool:
+def _why_not_confirm(confirm: bool | None, memory_bytes: int, max_bytes: int) -> str | None:
+    """None when the compiled step should run at the final size, else why it is only planned."""
     if confirm is not None:
-        return confirm
+        return None if confirm else "confirmation turned off"
+    if memory_bytes > max_bytes:
+        return f"the step needs up to {memory_bytes} bytes, over the {max_bytes} allowed for it here"
     available = _available_memory_bytes()
     # Leave room for TensorFlow itself (~1 GB) and the other processes on the machine.
-    return available is not None and memory_bytes * 2 < available
+    if available is None or memory_bytes * 2 >= available:
+        return f"the step needs up to {memory_bytes} bytes and this machine has {available} available"
+    return None
 
 
 def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, input_shape, level, gradient_nodes,
@@ -313,8 +563,10 @@ def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, inpu
     except ImportError as exc:  # the execution pieces are optional for the search itself
         return {"status": f"not measured: {exc}"}
     try:
+        # The search planned each size for the whole limit: run that same plan (no allocator headroom),
+        # so the measured peak shows how far the allocator's rounding takes the real step past it.
         return measure_compiled_step(model, batch_size, memory_bytes, strategy, input_shape=input_shape,
                                      level=level, gradient_nodes=gradient_nodes, solver=solver,
-                                     time_limit_s=time_limit_s)
+                                     time_limit_s=time_limit_s, allocator_headroom=0.0)
     except Exception as exc:  # a failed confirmation is reported, not fatal to the search
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}

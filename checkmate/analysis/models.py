@@ -59,12 +59,13 @@ def random_batch(built) -> tuple[Any, Any]:
 def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strategy: str, *,
                           input_shape: tuple[int, ...] | None = None, level: str = "layer",
                           gradient_nodes: bool = False, solver: str | None = None,
-                          time_limit_s: float | None = None) -> dict:
+                          time_limit_s: float | None = None, allocator_headroom: float | None = None) -> dict:
     """Compile zoo ``model`` at ``batch_size`` for ``memory_bytes`` with ``strategy``, run one step
     and measure it. The measured figure is the allocator's peak during the step above what was
     resident before it (parameters and the batch); it is reported next to the schedule's predicted
     peak of the same quantity, and ``peak_memory_bytes`` adds the resident bytes back (the figure the
-    memory limit bounds)."""
+    memory limit bounds). ``allocator_headroom`` is passed to the compile when given (0 plans the
+    schedule for the whole of ``memory_bytes``, as a max-batch search does)."""
     import time
 
     import keras
@@ -74,8 +75,9 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
 
     built, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level,
                                      gradient_nodes=gradient_nodes)
+    headroom = {} if allocator_headroom is None else {"allocator_headroom": float(allocator_headroom)}
     step = compile_lowered(lowered, built.model, built.loss, keras.optimizers.SGD(0.01), budget=int(memory_bytes),
-                           strategy=strategy, solver=solver, time_limit_s=time_limit_s)
+                           strategy=strategy, solver=solver, time_limit_s=time_limit_s, **headroom)
     x, y = random_batch(built)
     m = measure_step(step.gradients, x, y)
     start = time.perf_counter()

@@ -290,8 +290,10 @@ def plot_max_batch(results: Sequence[dict], path: str | os.PathLike, *, title: s
     width = 0.8 / max(1, len(strategies))
     for j, strategy in enumerate(strategies):
         color, _ = _style(strategy, j)
-        xs = np.arange(len(models)) + (j - (len(strategies) - 1) / 2) * width
-        ys = [value.get((m, strategy), 0) for m in models]
+        # a strategy searched for only some models gets no bar (and no "0") where it was not run
+        shown = [i for i, m in enumerate(models) if (m, strategy) in value]
+        xs = np.array(shown, dtype=float) + (j - (len(strategies) - 1) / 2) * width
+        ys = [value[(models[i], strategy)] for i in shown]
         bars = ax.bar(xs, ys, width=width * 0.95, color=color, label=label(strategy))
         for bar, y in zip(bars, ys):
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), str(y), ha="center", va="bottom",
