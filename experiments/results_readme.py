@@ -86,7 +86,7 @@ def _smallest_feasible(rows: list[dict], strategy: str) -> dict | None:
     return min(fits, key=lambda r: int(r["budget_bytes"])) if fits else None
 
 
-def _paper_comparison(folder: Path, paths: list[Path]) -> str:
+def _sweep_paper_comparison(folder: Path, paths: list[Path]) -> str:
     """Per model: what the paper states next to what the full sweep found, and why they differ."""
     meta = json.loads((folder / f"{FULL_SWEEP_STEM}.meta.json").read_text()) if (
         folder / f"{FULL_SWEEP_STEM}.meta.json").exists() else {}
@@ -160,7 +160,7 @@ def section_budget_sweeps(folder: Path) -> str:
                    "of 16-32 GiB on this CPU would take hours). Full setting: `python experiments/budget_sweep.py` "
                    "(12 budgets per model, 300 s per solve).\n")
         out.append(_meta(folder, FULL_SWEEP_STEM))
-        out.append(_paper_comparison(folder, full))
+        out.append(_sweep_paper_comparison(folder, full))
         for path in full:
             rows = read_csv(path)
             if rows:
@@ -272,7 +272,7 @@ def _max_batch_table(rows: list[dict], strategies: list[str], with_measured: boo
     return markdown_table(table, cols) + "\n"
 
 
-def _paper_comparison(rows: list[dict]) -> str:
+def _max_batch_paper_comparison(rows: list[dict]) -> str:
     table = []
     for m in dict.fromkeys(r["model"] for r in rows):
         by = {r["strategy"]: int(r["max_batch_size"]) for r in rows if r["model"] == m}
@@ -346,7 +346,7 @@ def section_max_batch(folder: Path) -> str:
         if (folder / "max_batch_full.png").exists():
             out.append("![max batch size, full setting](max_batch_full.png)\n")
         out.append("#### Against the paper (Jain et al., MLSys 2020, Figure 6)\n")
-        out.append(_paper_comparison(rows))
+        out.append(_max_batch_paper_comparison(rows))
         out.append(MAX_BATCH_COMMON_CAUSES)
     if quick.exists():
         rows = read_csv(quick)
