@@ -2,6 +2,10 @@
 
 import json
 
+import pytest
+
+from checkmate.errors import OutputPathError
+
 from checkmate.analysis.point_cache import PointCache
 
 
@@ -40,3 +44,11 @@ def test_disabled_cache_stores_nothing(tmp_path):
     cache = PointCache(None)
     assert cache.get_or_compute({"k": 1}, lambda: {"v": 1}) == {"v": 1}
     assert cache.get({"k": 1}) is None and len(cache) == 0
+
+
+def test_a_cache_directory_that_cannot_be_one_is_refused_up_front(tmp_path):
+    (tmp_path / "file").write_text("x")
+    for bad in (tmp_path / "file", tmp_path / "file" / "below"):
+        with pytest.raises(OutputPathError, match="not a directory"):
+            PointCache(bad)
+    PointCache(tmp_path / "new" / "deeper")      # created on first write

@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from checkmate.errors import OutputPathError
 from checkmate.io import atomic_write_json
 
 __all__ = ["PointCache", "point_key"]
@@ -41,6 +42,13 @@ class PointCache:
         self.directory = Path(directory) if directory is not None else None
         self.hits = 0
         self.misses = 0
+        if self.directory is not None:
+            # checked before any work starts, so a run does not fail at its first finished point
+            blocker = next((p for p in (self.directory, *self.directory.parents) if p.exists()), None)
+            if blocker is not None and not blocker.is_dir():
+                raise OutputPathError(f"cache directory {self.directory}: {blocker} is not a directory")
+            if blocker is not None and not os.access(blocker, os.W_OK | os.X_OK):
+                raise OutputPathError(f"cache directory {self.directory}: {blocker} is not writable")
 
     def _path(self, text: str) -> Path:
         assert self.directory is not None
