@@ -34,6 +34,7 @@ from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.keras_model import RematModel
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
+from checkmate.tf2.lowering.trace import strategy_name
 from checkmate.tf2.memory import available_device_memory, default_device
 
 _log = logging.getLogger("checkmate.tf2")
@@ -313,7 +314,7 @@ class CompiledStep:
         ]
         if self.distribution is not None:
             rows = int(self.function.input_specs[0].shape[0])
-            lines.insert(1, f"  replicas        {self.replicas} ({type(self.distribution).__name__}): planned for one "
+            lines.insert(1, f"  replicas        {self.replicas} ({strategy_name(self.distribution)}): planned for one "
                             f"replica's batch of {rows} (global batch {rows * self.replicas}); every replica runs it")
         workspace = self.lowered.metadata.get("workspace_bytes") or ()
         if self.lowered.level == "layer" and workspace and max(workspace) > 0:

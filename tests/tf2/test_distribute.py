@@ -169,3 +169,26 @@ def test_strategies_the_step_cannot_run_under_are_refused_by_name(request):
     # variables created under a strategy are refused outside its scope
     with pytest.raises(checkmate.errors.UnsupportedOpError, match="variables are distributed.*strategy.scope"):
         checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.1), *specs, **OPTIONS)
+
+
+def test_remat_model_fit_under_multi_worker_mirrored_strategy_matches_keras(request):
+    """One worker of a MultiWorkerMirroredStrategy (no TF_CONFIG: a cluster of this process alone):
+    the same code path as MirroredStrategy, with collective all-reduces between workers."""
+    if ran_in_fresh_process(request):
+        return
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    x, y = data(STEPS * GLOBAL + 3)
+    with strategy.scope():
+        model, other = residual_mlp(), residual_mlp()
+        model.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"], jit_compile=False)
+        trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+        trainer.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"])
+    with _compat.grappler_disabled():
+        want = model.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
+    got = trainer.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["accuracy"], want["accuracy"])
+    assert_same_weights(model, other)
+    step = trainer.compiled_step()
+    assert step.replicas == strategy.num_replicas_in_sync and step.predicted.recompute_count > 0
+    assert "MultiWorkerMirroredStrategy" in step.summary()

@@ -29,7 +29,7 @@ import tensorflow as tf
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2 import _compat
 
-__all__ = ["TracedStep", "trace_step", "training_loss", "distribution_strategy", "check_not_distributed",
+__all__ = ["TracedStep", "trace_step", "training_loss", "distribution_strategy", "strategy_name", "check_not_distributed",
            "SUPPORTED_STRATEGIES", "walk_layers"]
 
 
@@ -160,6 +160,16 @@ def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
 SUPPORTED_STRATEGIES = ("MirroredStrategy", "MultiWorkerMirroredStrategy")
 
 
+def strategy_name(strategy: Any) -> str:
+    """The public name of a ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy`` is an instance
+    of an internal class whose own name users never wrote)."""
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "MultiWorkerMirroredStrategy"   # its class is named CollectiveAllReduceStrategy
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "MirroredStrategy"
+    return type(strategy).__name__
+
+
 def distribution_strategy(model: Any = None) -> Any:
     """The ``tf.distribute`` strategy the step will run under, or ``None`` outside every strategy.
 
@@ -180,7 +190,7 @@ def distribution_strategy(model: Any = None) -> Any:
         return None
     if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
         raise UnsupportedOpError(
-            f"checkmate does not run under {type(strategy).__name__}: a rematerialized step runs under "
+            f"checkmate does not run under {strategy_name(strategy)}: a rematerialized step runs under "
             f"{' and '.join(SUPPORTED_STRATEGIES)} only (every replica runs the whole step on its own copy of "
             "the variables). Use one of those, or build and train the model outside strategy.scope()")
     synchronized = [layer.name for layer in walk_layers(model) if getattr(layer, "synchronized", False)]
