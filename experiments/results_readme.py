@@ -435,13 +435,13 @@ TIGHT_VARIANTS = {
     "checkmate_milp [highs] before: commit 0363c67": ("the same commands on the code before the local search on the MIP "
                                                       "start replayed only its cheapest moves (commit 0363c67, "
                                                       "`--label 'before: commit 0363c67'`), run just before them"),
-    "checkmate_milp [highs] hierarchical_start=true": ("the exact MILP of an earlier session with the hierarchical "
+    "checkmate_milp [highs] hierarchical_start=true": ("the exact MILP of an earlier run with the hierarchical "
                                                        "strategy's schedule as one more incumbent (an option measured "
                                                        "at commit 8cc80e1, then removed; `--options hierarchical_start=true`)"),
     "checkmate_milp [ortools/CP-SAT]": ("the same model on CP-SAT (constraint programming), HiGHS' LP for the bound and "
-                                        "roundings (earlier session, `--strategies checkmate_milp:ortools`)"),
+                                        "roundings (earlier run, `--strategies checkmate_milp:ortools`)"),
     "checkmate_milp [highs] mip_gap=0.005": ("the former default: stop at a 0.5% gap, not proven optimal "
-                                             "(earlier session, `--options mip_gap=0.005`)"),
+                                             "(earlier run, `--options mip_gap=0.005`)"),
 }
 
 
@@ -484,12 +484,12 @@ def section_tight_budgets(folder: Path) -> str:
 
 TIGHT_FINDINGS = (
     "**Findings.** The exact default proves the optimum (relative gap 1e-4, or a gap below the cost step) at "
-    "every budget measured. In the latest session (load average 5-9 on the 2 cores from other jobs, so wall "
+    "every budget measured. In the latest run (load average 5-9 on the 2 cores from other jobs, so wall "
     "seconds ran 2-4x the processor seconds, and the rows other than SegNet's tight ones overlapped with the "
     "solver experiments below: compare the CPU figures): 0.5-3.4 CPU seconds at 90% and 80%, 0.5-6.4 at 1.1x "
     "and 1.02x the minimum on VGG16, U-Net and FCN8, and 38-49 on SegNet, still the slow case. HiGHS runs "
     "its branch and bound on one thread in effect, so on an idle machine the wall time is close to the CPU "
-    "time (SegNet at 1.1x at the start of the session, nearly idle, at commit 0363c67: 61-69 s wall, of "
+    "time (SegNet at 1.1x before that run, nearly idle, at commit 0363c67: 61-69 s wall, of "
     "which 52-60 s in HiGHS and 8-10 s in the local search). The local search on the MIP start now ranks its moves by the cost of their minimal R and "
     "replays only the cheapest until one fits (the same steps): on SegNet at 1.1x it converges in 2.6 CPU "
     "seconds to a start of cost 103.4 in the model's units (optimum 100.6), where replaying every move had "
@@ -536,13 +536,13 @@ TIGHT_FINDINGS = (
     "* *How much a perfect start would give*: with the optimal schedule as the MIP start, 22 s (20 s at "
     "heuristic effort 0.05): the proof itself, not the search for the optimum, takes most of the time; "
     "HiGHS spends it in the root's cut rounds and three restarts.\n\n"
-    "Earlier sessions (the last three columns): *the hierarchical schedule as a start* (commit 8cc80e1, then "
+    "Earlier runs (the last three columns): *the hierarchical schedule as a start* (commit 8cc80e1, then "
     "removed) cost 5-7 s to build, never became the incumbent and made every solve slower; *CP-SAT* proves "
     "only VGG16, where the LP bound already proves the rounding, and stops at the 120 s limit 0.2-11.8% from "
     "its bound on U-Net, FCN8 and SegNet, so a HiGHS + CP-SAT portfolio was not built. Not tried: running "
     "two differently configured HiGHS solves side by side on the two cores (the variants above differ by "
     "2-3x from one budget to the next, in both directions).\n\n"
-    "`solve_time_quick.csv` was rerun in the latest session (`python experiments/solve_time.py --quick`) and "
+    "`solve_time_quick.csv` was rerun in the latest run (`python experiments/solve_time.py --quick`) and "
     "follows the 1e-4 rule; the rows of `solve_time.csv` whose status reads \"optimal within X%\" were solved "
     "under the former rule, which called a 0.5% gap optimal, and have not been rerun.\n"
 )
