@@ -284,6 +284,9 @@ def decide_milp(graph: Graph, batch_size: int, memory_bytes: int, limit: float, 
                 # the solver's tolerances let a few bytes too many through: once more, a little lower
                 budget = memory_bytes - max(cand.peak_bytes - memory_bytes, _tolerance_bytes(graph, memory_bytes))
                 continue
+        if budget != memory_bytes:
+            # the lowered budget's bound, or its infeasibility, says nothing about the real budget's
+            break
         if res.bound is not None:
             mip_bound = _proven_bound(form, res.bound * form.model.objective_scale)
             bound = mip_bound if bound is None else max(bound, mip_bound)
