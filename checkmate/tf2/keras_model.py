@@ -63,12 +63,23 @@ def check_no_custom_train_step(model: Any) -> None:
             "checkmate.tf2.compile(...) inside your own training loop or train_step")
 
 
+class _FunctionLoss(keras.losses.Loss):
+    """A per-sample loss function as a Keras ``Loss``, so that sample weights weigh and reduce it as
+    ``keras.Model.compile`` does for a function or a name such as ``"categorical_crossentropy"``."""
+
+    def __init__(self, fn: Any):
+        super().__init__(name=getattr(fn, "__name__", "loss"))
+        self.fn = fn
+
+    def call(self, y_true, y_pred):
+        return self.fn(y_true, y_pred)
+
+
 def _as_loss_object(fn: Any) -> Any:
     fn = keras.losses.get(fn) if isinstance(fn, str) else fn
     if isinstance(fn, keras.losses.Loss):
         return fn
-    # as keras.Model.compile does: a loss function is wrapped so that sample weights reduce as in Keras
-    return keras.losses.LossFunctionWrapper(fn)
+    return _FunctionLoss(fn)
 
 
 def weighted_loss(loss: Any, model: Any):

@@ -238,3 +238,20 @@ def test_resolved_budgets_are_reported_with_their_reference(capfd):
                                  strategy="checkpoint_all")
     assert "auto: " in step.budget_reference and " free on " in step.budget_reference
     assert f"({step.predicted.budget_bytes} bytes)" in step.summary()
+
+
+@pytest.mark.parametrize("loss", ["sparse_categorical_crossentropy", keras.losses.sparse_categorical_crossentropy])
+def test_a_loss_given_by_name_or_function_trains_as_keras(loss):
+    x, y = data(2 * BATCH + 3)
+    weights = np.linspace(0.5, 1.5, len(y)).astype("float32")
+    model, other = convnext(), convnext()
+    head = keras.layers.Softmax()
+    model, other = keras.Model(model.input, head(model.output)), keras.Model(other.input, head(other.output))
+    model.compile(keras.optimizers.SGD(0.05), loss, jit_compile=False)
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    trainer.compile(keras.optimizers.SGD(0.05), loss)
+    with _compat.grappler_disabled():
+        want = model.fit(x, y, sample_weight=weights, batch_size=BATCH, shuffle=False, verbose=0).history
+    got = trainer.fit(x, y, sample_weight=weights, batch_size=BATCH, shuffle=False, verbose=0).history
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    assert_same_weights(model, other)
