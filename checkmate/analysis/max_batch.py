@@ -461,22 +461,26 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
                  gradient_nodes: bool = False, reference_batches: tuple[int, int] = (1, 2), confirm: bool | None = None,
                  confirm_max_bytes: int = DEFAULT_CONFIRM_MAX_BYTES, solver: str | None = None,
                  time_limit_s: float | None = None, progress: bool = False, extra_forward_passes: float = 1.0,
-                 cache: PointCache | None = None, **options: Any) -> list[MaxBatchResult]:
+                 cache: PointCache | None = None, fused_batch_norm: bool = False,
+                 **options: Any) -> list[MaxBatchResult]:
     """The max-batch study for one zoo model: search on interpolated graphs, then re-extract and
     re-solve each strategy's final batch size. ``confirm`` (default: when the limit is at most
     ``confirm_max_bytes`` and fits this machine's free memory) runs the compiled step at each final
     size and records its measured peak; otherwise ``measured`` says that the size was only planned.
     Graphs are the compact layer graphs by default (``gradient_nodes``: see
     :func:`checkmate.tf2.lowering.lower`), which the MILP solves fastest across the many probes of the
-    search. ``cache`` keeps every probe (see :func:`max_batch_size`)."""
+    search. ``fused_batch_norm`` lowers BatchNormalization on TensorFlow's fused kernel (see
+    :func:`checkmate.tf2.lowering.lower`). ``cache`` keeps every probe (see :func:`max_batch_size`)."""
     def extract(b: int) -> Graph:
         return extract_graph(model, b, input_shape=input_shape, level=level, cost_model=cost_model,
-                             gradient_nodes=gradient_nodes)
+                             gradient_nodes=gradient_nodes, fused_batch_norm=fused_batch_norm)
 
     b1, b2 = reference_batches
     family = BatchGraphFamily(extract(b1), b1, extract(b2), b2, name=model)
     key = {"study": "max_batch", "model": model, "input_shape": list(input_shape) if input_shape else None,
            "level": level, "cost_model": cost_model, "gradient_nodes": gradient_nodes}
+    if fused_batch_norm:   # only when set, so that the probes kept before the option existed still match
+        key["fused_batch_norm"] = True
     results = []
     strategies = list(strategies)
     bar = None
@@ -500,7 +504,7 @@ def search_model(model: str, memory_bytes: int, strategies: Sequence[str] = DEFA
             why_not = _why_not_confirm(confirm, memory_bytes, confirm_max_bytes)
             if why_not is None:
                 res.measured = _measure(model, res.max_batch_size, memory_bytes, strategy, input_shape, level,
-                                        gradient_nodes, solver, time_limit_s)
+                                        gradient_nodes, solver, time_limit_s, fused_batch_norm)
             else:
                 res.measured = {"status": f"planned only: {why_not}"}
         results.append(res)
@@ -559,7 +563,7 @@ def _why_not_confirm(confirm: bool | None, memory_bytes: int, max_bytes: int) ->
 
 
 def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, input_shape, level, gradient_nodes,
-             solver, time_limit_s) -> dict:
+             solver, time_limit_s, fused_batch_norm: bool = False) -> dict:
     """Run the compiled step at ``batch_size`` and report its measured peak (or why it could not run)."""
     try:
         from checkmate.analysis.models import measure_compiled_step
@@ -570,6 +574,7 @@ def _measure(model: str, batch_size: int, memory_bytes: int, strategy: str, inpu
         # so the measured peak shows how far the allocator's rounding takes the real step past it.
         return measure_compiled_step(model, batch_size, memory_bytes, strategy, input_shape=input_shape,
                                      level=level, gradient_nodes=gradient_nodes, solver=solver,
-                                     time_limit_s=time_limit_s, allocator_headroom=0.0)
+                                     time_limit_s=time_limit_s, allocator_headroom=0.0,
+                                     fused_batch_norm=fused_batch_norm)
     except Exception as exc:  # a failed confirmation is reported, not fatal to the search
         return {"status": f"not measured: {type(exc).__name__}: {exc}"}

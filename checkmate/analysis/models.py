@@ -15,29 +15,31 @@ __all__ = ["lower_zoo_model", "extract_graph", "random_batch", "measure_compiled
 
 def lower_zoo_model(model: str, batch_size: int, *, input_shape: tuple[int, ...] | None = None,
                     level: str = "layer", cost_model: str = "flops", gradient_nodes: bool = False,
-                    progress: bool = False):
+                    progress: bool = False, fused_batch_norm: bool = False):
     """Build zoo ``model`` at ``batch_size`` and lower its training step; returns ``(ZooModel, LoweredGraph)``.
 
-    ``gradient_nodes`` as in :func:`checkmate.tf2.lowering.lower` (default: the compact layer graph)."""
+    ``gradient_nodes`` and ``fused_batch_norm`` as in :func:`checkmate.tf2.lowering.lower` (default: the
+    compact layer graph, Keras' own batch normalization)."""
     from checkmate.tf2 import zoo
     from checkmate.tf2.lowering import lower
 
     built = zoo.build_model(model, batch_size=batch_size, input_shape=input_shape)
     lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=level,
                     gradient_nodes=gradient_nodes, cost_model=cost_model, name=f"{model}-b{batch_size}-{level}",
-                    progress=progress)
+                    progress=progress, fused_batch_norm=fused_batch_norm)
     return built, lowered
 
 
 def extract_graph(model: str, batch_size: int, *, input_shape: tuple[int, ...] | None = None,
-                  level: str = "layer", cost_model: str = "flops", gradient_nodes: bool = False) -> Graph:
+                  level: str = "layer", cost_model: str = "flops", gradient_nodes: bool = False,
+                  fused_batch_norm: bool = False) -> Graph:
     """The training graph of zoo ``model`` at ``batch_size`` (layer level by default, as in the paper)."""
     import gc
 
     import keras
 
     _, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level, cost_model=cost_model,
-                                 gradient_nodes=gradient_nodes)
+                                 gradient_nodes=gradient_nodes, fused_batch_norm=fused_batch_norm)
     graph = lowered.graph
     # Each extraction builds a fresh model; drop Keras' global state so a long search does not grow.
     del lowered
@@ -59,7 +61,8 @@ def random_batch(built) -> tuple[Any, Any]:
 def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strategy: str, *,
                           input_shape: tuple[int, ...] | None = None, level: str = "layer",
                           gradient_nodes: bool = False, solver: str | None = None,
-                          time_limit_s: float | None = None, allocator_headroom: float | None = None) -> dict:
+                          time_limit_s: float | None = None, allocator_headroom: float | None = None,
+                          fused_batch_norm: bool = False) -> dict:
     """Compile zoo ``model`` at ``batch_size`` for ``memory_bytes`` with ``strategy``, run one step
     and measure it. The measured figure is the allocator's peak during the step above what was
     resident before it (parameters and the batch); it is reported next to the schedule's predicted
@@ -74,7 +77,7 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
     from checkmate.tf2.memory import measure_step
 
     built, lowered = lower_zoo_model(model, batch_size, input_shape=input_shape, level=level,
-                                     gradient_nodes=gradient_nodes)
+                                     gradient_nodes=gradient_nodes, fused_batch_norm=fused_batch_norm)
     headroom = {} if allocator_headroom is None else {"allocator_headroom": float(allocator_headroom)}
     step = compile_lowered(lowered, built.model, built.loss, keras.optimizers.SGD(0.01), budget=int(memory_bytes),
                            strategy=strategy, solver=solver, time_limit_s=time_limit_s, **headroom)

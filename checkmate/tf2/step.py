@@ -409,7 +409,7 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
             gradient_nodes: bool | str = True, time_limit_s: float | None = None, cost_model: str = "flops",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
-            **solve_options: Any) -> CompiledStep:
+            fused_batch_norm: bool = False, **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
 
     Parameters
@@ -448,6 +448,10 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         planned as a step output: :meth:`CompiledStep.train_flat_with_predictions` and
         :meth:`CompiledStep.replica_train` return it (``RematModel`` updates its training metrics
         with it).
+    fused_batch_norm:
+        Run BatchNormalization layers (4-D, channels last) on TensorFlow's fused kernel, whose
+        backward keeps no activation-sized temporaries: smaller budgets become feasible. Results equal
+        Keras' to floating-point rounding; off by default (see :func:`checkmate.tf2.lowering.lower`).
 
     verbose:
         Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
@@ -460,6 +464,7 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
     with verbose_logging(verbose):
         lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
-                        cost_model=cost_model, optimizer=optimizer, predictions=predictions)
+                        cost_model=cost_model, optimizer=optimizer, predictions=predictions,
+                        fused_batch_norm=fused_batch_norm)
         return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
                                time_limit_s=time_limit_s, device=device, **solve_options)

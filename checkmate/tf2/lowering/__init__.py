@@ -84,7 +84,7 @@ AUTO_GRADIENT_NODES_MAX_NODES = 120
 def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
           gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
           profile_options: Mapping[str, Any] | None = None, progress: bool = True,
-          optimizer: Any = None, predictions: bool = False) -> LoweredGraph:
+          optimizer: Any = None, predictions: bool = False, fused_batch_norm: bool = False) -> LoweredGraph:
     """Lower one training step of ``model`` to a :class:`LoweredGraph`.
 
     Parameters
@@ -115,6 +115,12 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     predictions:
         Also return the training forward pass's output from the step (after the gradients): the
         nodes producing it are outputs, resident to the end of the step like the loss.
+    fused_batch_norm:
+        Trace BatchNormalization layers (4-D, channels last, training mode) on TensorFlow's fused
+        kernel, whose backward keeps no activation-sized temporaries where Keras' separate ops keep
+        about three: smaller working sets, so smaller feasible budgets and larger batches. The
+        results equal Keras' to floating-point rounding, not bit for bit; off by default. See
+        :mod:`checkmate.tf2.lowering.batch_norm`.
     """
     if level not in LEVELS:
         raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
@@ -124,7 +130,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
     started = time.perf_counter()
     _log.info("lowering %s (%s level)", getattr(model, "name", "model"), level)
-    traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer, predictions=predictions)
+    traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer, predictions=predictions,
+                        fused_batch_norm=fused_batch_norm)
     op_graph = OpGraph.of(traced)
     infos = classify_ops(traced, op_graph)
     warn: list[str] = []
@@ -164,5 +171,6 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
                          parameter_and_batch_bytes=param_batch, grad_bytes=grad_bytes,
                          grads_resident=grads_resident, gradient_nodes=split, compact_nodes=compact_nodes,
-                         split_workspace_nodes=split_nodes, profile_info=profile_info)
+                         split_workspace_nodes=split_nodes, profile_info=profile_info,
+                         fused_batch_norm=bool(fused_batch_norm))
 

@@ -100,7 +100,8 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
                   op_node: dict[str, int], *, level: str, cost_model: str, cost_unit: str,
                   warnings: Sequence[str], workspace: tuple[int, ...], parameter_and_batch_bytes: int,
                   grad_bytes: int, grads_resident: bool, gradient_nodes: bool, compact_nodes: int | None,
-                  split_workspace_nodes: Sequence[str], profile_info: Mapping[str, Any]) -> LoweredGraph:
+                  split_workspace_nodes: Sequence[str], profile_info: Mapping[str, Any],
+                  fused_batch_norm: bool = False) -> LoweredGraph:
     """The :class:`LoweredGraph` of ``graph`` (costs included), with the lowering's metadata."""
     batch = [graph_tensor.shape[0] for graph_tensor in traced.function.inputs[: len(traced.input_names)]]
     metadata = {
@@ -119,6 +120,7 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
         "grad_bytes_in_fixed_mem": grads_resident,
         # whether the parameter gradients are output nodes (layer level: the :params/:saved splits)
         "gradient_nodes": gradient_nodes,
+        "fused_batch_norm": fused_batch_norm,
         # node count of the compact layer graph (None at op level): what "auto" decided on
         "compact_nodes": compact_nodes,
         # layer nodes split into one node per op for their workspace (WORKSPACE_SPLIT_FRACTION)

@@ -53,7 +53,7 @@ from typing import Mapping, Sequence
 import networkx as nx
 
 from checkmate.graph import Graph
-from checkmate.tf2.lowering.accounting import new_workspace, node_mem
+from checkmate.tf2.lowering.accounting import _VIEW_OPS, new_workspace, node_mem
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo
 from checkmate.tf2.lowering.trace import TracedStep
 
@@ -305,18 +305,31 @@ def _split_saved_for_backward(groups: list[Group], infos: Sequence[OpInfo], op_g
         if not saved:
             result.append(g)
             continue
+        read = set(saved)
         for i in reversed(g.ops):  # creation order is topological: ancestors come earlier
             if i in saved:
                 saved.update(j for j in op_graph.producers[i] if j in members)
         rest = [i for i in g.ops if i not in saved]
         part = sorted(saved)
-        if not rest or (node_mem(part, infos, op_graph, "layer", output_tensors)[0]
-                        >= node_mem(g.ops, infos, op_graph, "layer", output_tensors)[0]):
-            result.append(g)
-            continue
+        whole_bytes = node_mem(g.ops, infos, op_graph, "layer", output_tensors)[0]
         first = g.sort_key[0]
-        result.append(Group(f"{g.name}:saved", part, False, True, layer=g.layer, order=(first, 0)))
-        result.append(Group(g.name, rest, False, True, layer=g.layer, order=(first, 1)))
+        if rest and node_mem(part, infos, op_graph, "layer", output_tensors)[0] < whole_bytes:
+            result.append(Group(f"{g.name}:saved", part, False, True, layer=g.layer, order=(first, 0)))
+            result.append(Group(g.name, rest, False, True, layer=g.layer, order=(first, 1)))
+            continue
+        views = sorted(read)
+        rest = [i for i in g.ops if i not in read]
+        if (rest and all(infos[i].op.type in _VIEW_OPS for i in views)
+                and not any(c in read for i in views for consumers in op_graph.output_consumers[i] for c in consumers)
+                and node_mem(views, infos, op_graph, "layer", output_tensors)[0] < whole_bytes):
+            # What the backward reads comes out of the op that also writes the layer's output (a fused
+            # kernel's per-channel statistics), through views of its own: those views alone become
+            # ``:saved``, after the rest, so that the output dies with its forward consumers while the
+            # statistics wait for the backward. Recomputing ``:saved`` recomputes the kernel.
+            result.append(Group(g.name, rest, False, True, layer=g.layer, order=(first, 0)))
+            result.append(Group(f"{g.name}:saved", views, False, True, layer=g.layer, order=(first, 1)))
+            continue
+        result.append(g)
     return result
 
 

@@ -62,6 +62,10 @@ _OPAQUE_TYPES = frozenset({
     "While", "StatelessWhile", "If", "StatelessIf", "Case", "StatelessCase", "PartitionedCall",
     "StatefulPartitionedCall", "RemoteCall", "For", "SymbolicGradient",
 })
+# Outputs whose shape TF leaves unknown because it depends on the device's kernel: the fused batch
+# norm's third reserve space (empty on CPU, cuDNN's per-channel scratch on GPU). Sized as one value
+# per channel, the size of the kernel's batch-mean output (output 1).
+_KERNEL_SCRATCH_OUTPUTS = frozenset({("FusedBatchNormV3", 5), ("FusedBatchNormEx", 5)})
 # Ops that pass their input resource handle through (used to find which variable an op touches).
 _PASSTHROUGH_TYPES = frozenset({"Identity", "IdentityN"})
 
@@ -218,6 +222,8 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
         for t in op.outputs:
             size = tensor_bytes(t)
             if size is None:
+                size = _kernel_scratch_bytes(t)
+            if size is None:
                 kind = "an opaque function call or loop whose " if opaque else ""
                 raise UnsupportedOpError(
                     f"cannot size op {op.name!r} ({op.type}): {kind}{_describe_unsizeable(t)}; "
@@ -236,6 +242,16 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
                     f"op {info.op.name!r} ({info.op.type}) runs before the gradient but reads "
                     f"{t.name}, which the gradient computation produces")
     return infos
+
+
+def _kernel_scratch_bytes(t) -> int | None:
+    """The bytes of a kernel scratch output of unknown shape (:data:`_KERNEL_SCRATCH_OUTPUTS`), or of
+    an ``Identity`` of one; ``None`` for any other tensor."""
+    while t.op.type == "Identity" and len(t.op.inputs) == 1:
+        t = t.op.inputs[0]
+    if (t.op.type, t.value_index) in _KERNEL_SCRATCH_OUTPUTS:
+        return tensor_bytes(t.op.outputs[1])
+    return None
 
 
 def _unsizeable_hint(op, ops) -> str:

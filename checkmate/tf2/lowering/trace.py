@@ -253,7 +253,7 @@ def _capture_variables(function: Any, strategy: Any, candidates: Any) -> tuple[A
 
 
 def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None,
-               predictions: bool = False) -> TracedStep:
+               predictions: bool = False, fused_batch_norm: bool = False) -> TracedStep:
     """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges.
 
     ``predictions=True`` also returns the training forward pass's output (``(loss, *grads, *preds)``,
@@ -314,7 +314,8 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         return (value, *grads, *preds)
 
     def trace():
-        with _watch_layer_calls(model, calls):
+        # the fused calls go in first, so that the layer-call watcher wraps them and attributes their ops
+        with _fused_batch_norm(model, fused_batch_norm), _watch_layer_calls(model, calls):
             return tf.function(step).get_concrete_function(input_spec, label_spec)
 
     # Under a strategy the step is one replica's: traced in a replica context, it reads that replica's
@@ -358,7 +359,7 @@ class _watch_layer_calls:
 
     def __enter__(self):
         for layer in getattr(self.model, "layers", []) or []:
-            if "call" in vars(layer):
+            if "call" in vars(layer) and not getattr(vars(layer)["call"], _SUBSTITUTE_MARK, False):
                 continue
             original = layer.call
 
@@ -370,6 +371,41 @@ class _watch_layer_calls:
                     self.calls.append((__name, start, _compat.current_graph_op_count()))
 
             object.__setattr__(layer, "call", wrapped)
+            self.layers.append(layer)
+        return self
+
+    def __exit__(self, *exc):
+        for layer in self.layers:
+            vars(layer).pop("call", None)
+        return False
+
+
+_SUBSTITUTE_MARK = "_checkmate_traced_substitute"
+
+
+class _fused_batch_norm:
+    """While tracing, every BatchNormalization layer of the model (nested ones included) calls
+    :func:`~checkmate.tf2.lowering.batch_norm.fused_batch_norm_call` through an instance attribute;
+    nothing is set when ``enabled`` is false, and everything is removed on exit."""
+
+    def __init__(self, model: Any, enabled: bool):
+        self.model = model
+        self.enabled = bool(enabled)
+        self.layers: list = []
+
+    def __enter__(self):
+        if not self.enabled:
+            return self
+        import keras
+
+        from checkmate.tf2.lowering.batch_norm import fused_batch_norm_call
+
+        for layer in walk_layers(self.model):
+            if not isinstance(layer, keras.layers.BatchNormalization) or "call" in vars(layer):
+                continue
+            call = fused_batch_norm_call(layer, layer.call)
+            setattr(call, _SUBSTITUTE_MARK, True)
+            object.__setattr__(layer, "call", call)
             self.layers.append(layer)
         return self
 
