@@ -1,6 +1,7 @@
 """Maximum batch size within a memory limit with at most one extra forward pass (Checkmate paper, Fig. 6).
 
-For U-Net, FCN8, SegNet, ResNet50, VGG19 and MobileNet: the largest batch size that checkpoint-all,
+For U-Net, FCN8, SegNet, ResNet50, VGG19 and MobileNet (and MobileNet again with its BatchNormalization
+layers on TensorFlow's fused kernel, ``mobilenet+fused_bn``): the largest batch size that checkpoint-all,
 Chen's sqrt(n), Chen's greedy and the Checkmate MILP each train within the memory limit, where a
 strategy may spend at most one extra forward pass of compute (see :mod:`checkmate.analysis.max_batch`
 for the search, the MILP's yes/no probes and how graphs at each batch size are obtained). The final

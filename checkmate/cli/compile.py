@@ -31,6 +31,9 @@ def add_parser(sub) -> None:
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
     add_mip_gap(p)
     p.add_argument("--level", choices=("layer", "op"), default="layer")
+    p.add_argument("--fused-batch-norm", action="store_true",
+                   help="run BatchNormalization on TensorFlow's fused kernel (a smaller backward working set; "
+                        "results equal Keras' to rounding)")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps to run and time")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=command(run, tensorflow=True, counts_memory=True))
@@ -51,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     with stdout_to_stderr(args.json):
         built = zoo.build_model(args.model, args.batch_size, args.input_shape)
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
-                        gradient_nodes=True, cost_model="profile", progress=False)
+                        gradient_nodes=True, cost_model="profile", progress=False,
+                        fused_batch_norm=args.fused_batch_norm)
         report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
                                     time_limit_s=args.time_limit, mip_gap=args.mip_gap, steps=args.steps)
     report["model"] = args.model

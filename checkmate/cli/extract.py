@@ -24,6 +24,8 @@ def add_parser(sub) -> None:
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
+    p.add_argument("--fused-batch-norm", action="store_true",
+                   help="lower BatchNormalization on TensorFlow's fused kernel (see checkmate compile --help)")
     p.add_argument("--out", required=True, metavar="GRAPH.json")
     p.set_defaults(handler=command(run, tensorflow=True))
 
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         model, loss, input_spec, label_spec = load_keras_file(args.keras_file, args.batch_size, args.input_shape)
         name = f"{getattr(model, 'name', 'model')}-b{args.batch_size}"
     lowered = lower(model, loss, input_spec, label_spec, level=args.level, cost_model=args.cost_model,
-                    name=f"{name}-{args.level}")
+                    name=f"{name}-{args.level}", fused_batch_norm=args.fused_batch_norm)
     save_graph(lowered.graph, args.out)
     g = lowered.graph
     print(f"wrote {args.out}: {g.n} nodes ({len(g.forward_nodes)} forward, {len(g.backward_nodes)} backward, "

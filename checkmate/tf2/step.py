@@ -316,6 +316,8 @@ class CompiledStep:
             rows = int(self.function.input_specs[0].shape[0])
             lines.insert(1, f"  replicas        {self.replicas} ({strategy_name(self.distribution)}): planned for one "
                             f"replica's batch of {rows} (global batch {rows * self.replicas}); every replica runs it")
+        if self.lowered.metadata.get("fused_batch_norm"):
+            lines.insert(2, "  batch norm      TensorFlow's fused kernel (fused_batch_norm=True)")
         workspace = self.lowered.metadata.get("workspace_bytes") or ()
         if self.lowered.level == "layer" and workspace and max(workspace) > 0:
             # What a layer node allocates while it runs, beyond the tensors it passes on: not in the

@@ -178,7 +178,23 @@ def test_compiled_fused_step_trains_as_keras_fit():
                                  strategy="checkmate_milp", fused_batch_norm=True, time_limit_s=30)
     assert step.schedule.recompute_count > 0
     assert step.lowered.metadata["fused_batch_norm"]
+    assert "fused kernel" in step.summary()
     history = step.keras_model().fit(data_x, data_y, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     np.testing.assert_allclose(history.history["loss"], plain.history["loss"], rtol=1e-4)
     for a, b in zip(model.variables, other.variables):
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-4, atol=1e-5, err_msg=a.path)
+
+
+def test_remat_model_takes_the_option_through_compile_options():
+    model, loss, xs, ys = conv_bn_model()
+    batch = int(xs.shape[0])
+    rng = np.random.default_rng(5)
+    data_x = rng.standard_normal((2 * batch, *xs.shape[1:])).astype("float32")
+    data_y = rng.integers(0, 5, size=(2 * batch,)).astype("int32")
+    remat = checkmate.tf2.RematModel(model, budget="70%", strategy="checkmate_lp_rounding",
+                                     compile_options={"fused_batch_norm": True, "time_limit_s": 30})
+    remat.compile(optimizer=keras.optimizers.SGD(0.01), loss=loss)
+    history = remat.fit(data_x, data_y, batch_size=batch, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])
+    steps = list(remat.compiled_steps.values())
+    assert steps and all(s.lowered.metadata["fused_batch_norm"] for s in steps)
