@@ -198,3 +198,18 @@ def test_remat_model_takes_the_option_through_compile_options():
     assert np.isfinite(history.history["loss"][0])
     steps = list(remat.compiled_steps.values())
     assert steps and all(s.lowered.metadata["fused_batch_norm"] for s in steps)
+
+
+def test_fused_layers_are_not_split_for_workspace_under_mixed_precision():
+    """tf.custom_gradient passes the kernel's outputs on through IdentityN, a view: it allocates
+    nothing, so it must not make a fused layer look like a node with a large workspace."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_float16")
+    try:
+        model, loss, xs, ys = conv_bn_model()
+    finally:
+        keras.config.set_dtype_policy(previous)
+    fused = lower(model, loss, xs, ys, gradient_nodes=True, fused_batch_norm=True, progress=False)
+    split = fused.metadata["split_workspace_nodes"]
+    assert not any(name.startswith(("bn0", "bn1")) for name in split), split
+    assert not any(name.endswith(":IdentityN") for name in fused.graph.names)

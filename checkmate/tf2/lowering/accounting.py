@@ -64,12 +64,21 @@ _VIEW_OPS = frozenset({"Reshape", "Squeeze", "ExpandDims", "Identity", "StopGrad
 # node's workspace large enough to split (a ReluGrad in a convolution's backward, a GELU's backward).
 _IN_PLACE_OPS = frozenset({
     "Abs", "Add", "AddN", "AddV2", "BiasAdd", "Cast", "Cos", "Div", "DivNoNan", "Elu", "EluGrad", "Erf", "Exp",
-    "Identity", "LeakyRelu", "LeakyReluGrad", "Log", "Log1p", "Maximum", "Minimum", "Mul", "MulNoNan", "Neg",
+    "Identity", "IdentityN", "LeakyRelu", "LeakyReluGrad", "Log", "Log1p", "Maximum", "Minimum", "Mul", "MulNoNan", "Neg",
     "Pow", "RealDiv", "Reciprocal", "ReciprocalGrad", "Relu", "Relu6", "Relu6Grad", "ReluGrad", "Rsqrt",
     "RsqrtGrad", "Select", "SelectV2", "Selu", "SeluGrad", "Sigmoid", "SigmoidGrad", "Sign", "Sin", "Softplus",
     "SoftplusGrad", "Softsign", "SoftsignGrad", "Sqrt", "SqrtGrad", "Square", "SquaredDifference", "Sub",
     "Tanh", "TanhGrad",
 })
+
+
+def _view_source(op, k: int):
+    """The input whose buffer output ``k`` of ``op`` is, for a view op (``None`` otherwise).
+    ``IdentityN`` (what ``tf.custom_gradient`` wraps a function's outputs in) passes input k on as
+    output k."""
+    if op.type == "IdentityN":
+        return op.inputs[k] if k < len(op.inputs) else None
+    return op.inputs[0] if op.type in _VIEW_OPS and len(op.inputs) > 0 else None
 
 
 def node_mem(group_ops: list[int], infos: Sequence[OpInfo], op_graph: OpGraph, level: str,
@@ -91,8 +100,8 @@ def node_mem(group_ops: list[int], infos: Sequence[OpInfo], op_graph: OpGraph, l
     buffer: dict[str, str] = {}
     for i in group_ops:
         op = infos[i].op
-        for t in op.outputs:
-            source = op.inputs[0] if op.type in _VIEW_OPS and len(op.inputs) > 0 else None
+        for k, t in enumerate(op.outputs):
+            source = _view_source(op, k)
             if source is not None and source.op.type == "Placeholder":
                 # a view of the batch, which is resident in fixed_mem
                 buffer[t.name] = source.name
