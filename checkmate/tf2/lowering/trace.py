@@ -345,17 +345,44 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
     )
 
 
-class _watch_layer_calls:
+class _instance_calls:
+    """Base of the tracing-time substitutions of layers' ``call``: an instance attribute (Keras 3
+    invokes ``self.call``), the layer's previous instance attribute restored on exit, in reverse
+    order, so that substitutions nest."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        self.replaced: list[tuple[Any, Any]] = []
+
+    def _set_call(self, layer: Any, call: Any) -> None:
+        self.replaced.append((layer, vars(layer).get("call", _NO_CALL)))
+        object.__setattr__(layer, "call", call)
+
+    def __exit__(self, *exc):
+        for layer, previous in reversed(self.replaced):
+            if previous is _NO_CALL:
+                vars(layer).pop("call", None)
+            else:
+                object.__setattr__(layer, "call", previous)
+        self.replaced.clear()
+        return False
+
+
+_NO_CALL = object()
+# marks a call substituted by checkmate (fused batch norm), which the layer-call watcher still wraps
+_SUBSTITUTE_MARK = "_checkmate_traced_substitute"
+
+
+class _watch_layer_calls(_instance_calls):
     """Record, while tracing, which ops each top-level layer call creates.
 
-    Wraps the public ``call`` method of each top-level layer with an instance attribute (Keras 3
-    invokes ``self.call``), and removes the wrappers on exit.
+    Wraps the ``call`` of each top-level layer (a user's own instance ``call`` is left alone, one that
+    checkmate substituted is wrapped too), and restores them on exit.
     """
 
     def __init__(self, model: Any, calls: list):
-        self.model = model
+        super().__init__(model)
         self.calls = calls
-        self.layers: list = []
 
     def __enter__(self):
         for layer in getattr(self.model, "layers", []) or []:
@@ -370,28 +397,18 @@ class _watch_layer_calls:
                 finally:
                     self.calls.append((__name, start, _compat.current_graph_op_count()))
 
-            object.__setattr__(layer, "call", wrapped)
-            self.layers.append(layer)
+            self._set_call(layer, wrapped)
         return self
 
-    def __exit__(self, *exc):
-        for layer in self.layers:
-            vars(layer).pop("call", None)
-        return False
 
-
-_SUBSTITUTE_MARK = "_checkmate_traced_substitute"
-
-
-class _fused_batch_norm:
+class _fused_batch_norm(_instance_calls):
     """While tracing, every BatchNormalization layer of the model (nested ones included) calls
-    :func:`~checkmate.tf2.lowering.batch_norm.fused_batch_norm_call` through an instance attribute;
-    nothing is set when ``enabled`` is false, and everything is removed on exit."""
+    :func:`~checkmate.tf2.lowering.batch_norm.fused_batch_norm_call`; nothing is set when ``enabled``
+    is false."""
 
     def __init__(self, model: Any, enabled: bool):
-        self.model = model
+        super().__init__(model)
         self.enabled = bool(enabled)
-        self.layers: list = []
 
     def __enter__(self):
         if not self.enabled:
@@ -405,11 +422,5 @@ class _fused_batch_norm:
                 continue
             call = fused_batch_norm_call(layer, layer.call)
             setattr(call, _SUBSTITUTE_MARK, True)
-            object.__setattr__(layer, "call", call)
-            self.layers.append(layer)
+            self._set_call(layer, call)
         return self
-
-    def __exit__(self, *exc):
-        for layer in self.layers:
-            vars(layer).pop("call", None)
-        return False
