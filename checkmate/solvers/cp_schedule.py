@@ -303,7 +303,7 @@ class CpSatChild:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self._proc = subprocess.Popen([sys.executable, "-m", "checkmate.solvers.cp_schedule"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      env=env, start_new_session=False)
+                                      env=env)
         self._result: CpSatOutcome | None = None
         self._done = False
         self._send(("graph", graph, int(budget_bytes)))

@@ -406,7 +406,8 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     Order of work: the baselines give a first incumbent; the LP relaxation gives a bound, and its
     rounding (:func:`round_relaxation`) usually an incumbent within the gap already, in which case the
     LP bound proves it and no branch and bound is needed. Otherwise the MILP runs for the remaining
-    time, seeded with the best incumbent as a MIP start (where the backend takes one); the incumbent
+    time, seeded with the best incumbent as a MIP start (where the backend takes one), with HiGHS
+    racing the CP-SAT model of :mod:`checkmate.solvers.cp_schedule` (see :func:`_solve_milp`); the incumbent
     is kept as the answer if the solver finds nothing better in time. The solver stops at the relative
     gap ``options.mip_gap`` (default 1e-4) or, with integral costs, once the gap is below their gcd.
     ``optimal`` is set only when the returned schedule is proven optimal at the solvers' tolerance: a
@@ -419,7 +420,8 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     the flow rows, ``residency_rows=False`` the residency rows, ``working_set_fraction`` picks the
     positions with a residency row and ``exclusive_rows=True`` adds ``R + S <= 1`` (see
     :func:`build_formulation`);
-    ``improve_start=False`` skips the local search on the MIP start.
+    ``improve_start=False`` skips the local search on the MIP start; ``race=True``/``False`` races
+    CP-SAT whatever the graph's size, or never.
     """
     deadline = _deadline(options)
     label = _solver_label(get_backend(options.solver))
