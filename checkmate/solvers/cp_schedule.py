@@ -30,8 +30,8 @@ default level leaves the memory rows out of the LP and proves nothing on the tig
 caller's best schedule as a complete hint.
 
 OR-Tools and TensorFlow load clashing native libraries, so the model is solved in a child process
-(``python -m checkmate.solvers.cp_schedule``) that imports neither TensorFlow nor the caller's main
-module: :class:`CpSatChild` starts it, the child builds the model while the caller works on its
+(``python -m checkmate.solvers.cp_schedule``, at a lower priority: ``_CHILD_NICENESS``) that imports
+neither TensorFlow nor the caller's main module: :class:`CpSatChild` starts it, the child builds the model while the caller works on its
 start, then solves with the hint and bound it is sent. The child exits when its input closes (also
 when the caller dies) and is killed by :meth:`CpSatChild.close`.
 """
@@ -63,6 +63,13 @@ _LINEARIZATION_LEVEL = 2
 # One worker: the caller's HiGHS solve has the other core. With more workers on two cores the
 # worker with the full LP gets half a core (measured: no proof of SegNet 1.1x within 40 s).
 _WORKERS = 1
+# The child's scheduling priority below its caller's: with a free core it runs at full speed, on a
+# machine with none it takes about a tenth of a core from HiGHS (nice weights 110 against 1024), so a
+# race costs little where it cannot win. At nice 0 with other jobs (load 3-4) a race took the sum of
+# both solvers' times (SegNet 1.1x: 108 s against 52 s for HiGHS alone); at nice 10 beside four busy
+# loops (load 4-5), 1.1x the minimum, race against HiGHS alone: Keras U-Net 43 s / 42 s, U-Net
+# 17.7 / 16.3 s, FCN8 12.1 / 11.4 s; with a core free, Keras U-Net 6.0 s against 15-17 s.
+_CHILD_NICENESS = 10
 # Largest objective (in cost steps, every cell computed) kept integral: well inside int64, and exact
 # in the doubles that CP-SAT's bound and the caller's arithmetic pass through.
 _EXACT_OBJECTIVE_MAX = 2.0**53
@@ -379,6 +386,8 @@ def _exit_when_input_closes(stdin) -> None:
 
 
 def _child_main() -> int:
+    if hasattr(os, "nice"):
+        os.nice(_CHILD_NICENESS)
     stdin = sys.stdin.buffer
     # answers go to the real stdout; anything native code prints goes to stderr instead
     answer = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
