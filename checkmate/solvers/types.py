@@ -61,6 +61,7 @@ class MilpOptions:
     residency_rows: bool = True        # the residency rows (knapsacks over the holds)
     working_set_fraction: float | None = None  # which positions get a residency row (None: the default)
     improve_start: bool = True         # local search on the MIP start
+    race: bool | None = None           # race the CP-SAT model in a child (None: on larger graphs)
 
 
 @dataclass(frozen=True)

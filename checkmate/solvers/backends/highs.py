@@ -41,9 +41,11 @@ class HighsBackend(Backend):
                 **{status: FEASIBLE for status in stopped}}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
-              extra_options=None):
+              extra_options=None, stop=None):
+        """As :meth:`Backend.solve`; ``stop`` (a callable) is polled whenever branch and bound lets HiGHS
+        be interrupted, and the solve stops (status feasible or no_solution) once it returns True."""
         began = time.perf_counter()
-        result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options)
+        result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop)
         if mip_start is not None and result.x is not None and result.objective is not None:
             # HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP start
             # after postsolve. Trust only what the returned vector achieves; when it falls short of
@@ -52,13 +54,13 @@ class HighsBackend(Backend):
             if achieved > result.objective + 1e-6 * max(1.0, abs(result.objective)):
                 left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - began)
                 if left is None or left > 0.05:
-                    retry = self._solve(model, left, mip_gap, threads, verbose, None, extra_options)
+                    retry = self._solve(model, left, mip_gap, threads, verbose, None, extra_options, stop)
                     if retry.x is not None:
                         return retry
                 result.objective = achieved
         return result
 
-    def _solve(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options):
+    def _solve(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop):
         import highspy
 
         inf = highspy.kHighsInf
@@ -105,7 +107,7 @@ class HighsBackend(Backend):
             h.setSolution(sol)
 
         start = time.perf_counter()
-        run_status = h.run()
+        run_status = h.run() if stop is None else _run_until(h, stop)
         seconds = time.perf_counter() - start
         model_status = h.getModelStatus()
         info = h.getInfo()
@@ -122,6 +124,30 @@ class HighsBackend(Backend):
             bound = objective
         out = self.outcome(model_status, has_solution, f"HiGHS stopped with status {name!r}")
         return BackendResult(out, x, objective, bound, solver="highs", message=name, seconds=seconds)
+
+
+def _run_until(h, stop):
+    """Run HiGHS with ``stop()`` polled from its branch-and-bound interrupt callback (highspy's run
+    holds the interpreter lock, so nothing outside the callback could poll); Ctrl-C during the solve
+    interrupts it there as well and is raised once HiGHS has returned."""
+    interrupted = []
+
+    def check(event) -> None:
+        try:
+            if stop():
+                event.interrupt()
+        except KeyboardInterrupt:
+            interrupted.append(True)
+            event.interrupt()
+
+    h.cbMipInterrupt.subscribe(check)
+    try:
+        status = h.run()
+    finally:
+        h.cbMipInterrupt.unsubscribe(check)
+    if interrupted:
+        raise KeyboardInterrupt
+    return status
 
 
 # HiGHS runs every instance of a process on one global task scheduler, sized by the first solve;

@@ -1,0 +1,140 @@
+"""Branch and bound racing the CP-SAT model in a child process: exact answers, and no child left behind."""
+
+import os
+import time
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cases import brute_force_optimum, random_dags, training_chain, trivial_memory_lower_bound
+from checkmate.schedule import Schedule
+from checkmate.simulate import simulate
+from checkmate.solvers import SolveOptions, checkpoint_all_peak
+from checkmate.solvers import milp
+from checkmate.solvers.cp_schedule import CpSatChild, cp_sat_available
+from checkmate.solvers.milp import checkmate_milp, schedule_from_retain
+from checkmate.solvers.types import MilpOptions
+
+pytestmark = pytest.mark.skipif(not cp_sat_available(), reason="OR-Tools is not installed")
+
+RACE = SolveOptions(milp=MilpOptions(race=True))
+ALONE = SolveOptions(milp=MilpOptions(race=False))
+# A unit chain at a budget where HiGHS alone needs seconds (5.9 s) and the CP-SAT model under two.
+HARD_CHAIN = (lambda: training_chain(10, cost=2.0, mem=3), 13, 62.0)
+
+
+def _children() -> set[int]:
+    """Process ids whose parent is this process (Linux /proc)."""
+    out = set()
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            out.add(int(entry))
+    return out
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to list child processes")
+
+
+def _solve_in_child(graph, budget, **request):
+    with CpSatChild(graph, budget) as child:
+        child.solve(hint_retain=None, time_limit_s=60.0, mip_gap=0.0, abs_gap=None, **request)
+        return child.wait(90.0)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(min_nodes=2, max_nodes=5), st.floats(0.0, 1.0))
+def test_cp_model_agrees_with_brute_force(graph, where):
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = max(1, int(low + where * (high - low)))
+    best = brute_force_optimum(graph, budget)
+    outcome = _solve_in_child(graph, budget)
+    if best is None:
+        assert outcome.status == "infeasible"
+        return
+    assert outcome.status == "optimal"
+    schedule = schedule_from_retain(graph, outcome.retain)
+    sim = simulate(graph, schedule)
+    assert sim.valid and sim.peak_memory_bytes <= budget
+    assert sim.compute_cost == pytest.approx(best[0]) and outcome.cost == pytest.approx(best[0])
+
+
+def test_race_returns_the_proven_optimum():
+    make, budget, optimum = HARD_CHAIN
+    graph = make()
+    raced = checkmate_milp(graph, budget, RACE)
+    assert raced.optimal and "proven by" in raced.status
+    sim = simulate(graph, raced.schedule)
+    assert sim.valid and sim.peak_memory_bytes <= budget and sim.compute_cost == optimum
+
+
+@pytest.mark.parametrize("layers,fraction", [(6, 0.2), (8, 0.3)])
+def test_race_and_highs_alone_agree(layers, fraction):
+    graph = training_chain(layers, cost=2.0, mem=3)
+    low, high = trivial_memory_lower_bound(graph), checkpoint_all_peak(graph)
+    budget = int(low + fraction * (high - low))
+    raced, alone = checkmate_milp(graph, budget, RACE), checkmate_milp(graph, budget, ALONE)
+    assert raced.optimal and alone.optimal
+    assert simulate(graph, raced.schedule).compute_cost == simulate(graph, alone.schedule).compute_cost
+
+
+def test_race_is_off_on_small_graphs_by_default(monkeypatch):
+    started = []
+    monkeypatch.setattr(milp, "CpSatChild", lambda *a: started.append(a) or CpSatChild(*a))
+    graph = training_chain(6, cost=2.0, mem=3)
+    checkmate_milp(graph, trivial_memory_lower_bound(graph) + 3, SolveOptions())
+    assert started == []
+
+
+@needs_proc
+def test_no_child_left_after_the_time_limit():
+    graph = training_chain(16)
+    before = _children()
+    started = time.perf_counter()
+    out = checkmate_milp(graph, 5, SolveOptions(time_limit_s=2.0, milp=MilpOptions(race=True)))
+    assert time.perf_counter() - started < 10.0
+    assert out.schedule is not None and simulate(graph, out.schedule).peak_memory_bytes <= 5
+    assert _children() <= before
+
+
+@needs_proc
+def test_ctrl_c_during_the_race_kills_the_child(monkeypatch):
+    def interrupted(race):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(milp, "_race_proved", interrupted)
+    before = _children()
+    with pytest.raises(KeyboardInterrupt):
+        checkmate_milp(training_chain(16), 5, RACE)
+    assert _children() <= before
+
+
+def test_child_exits_when_its_caller_stops_listening():
+    graph = training_chain(16)
+    child = CpSatChild(graph, 5)
+    try:
+        child.solve(hint_retain=None, time_limit_s=600.0, mip_gap=0.0, abs_gap=None)
+        child._proc.stdin.close()   # what the caller's death looks like from the child
+        assert child._proc.wait(timeout=30) == 0
+    finally:
+        child.close()
+
+
+def test_hint_is_taken_whole():
+    graph = training_chain(6, cost=2.0, mem=3)
+    budget = trivial_memory_lower_bound(graph) + 3
+    alone = checkmate_milp(graph, budget, ALONE)
+    with CpSatChild(graph, budget) as child:
+        child.solve(hint_retain=alone.schedule.retain, time_limit_s=60.0, mip_gap=0.0, abs_gap=None)
+        outcome = child.wait(90.0)
+    assert outcome.status == "optimal"
+    assert outcome.cost == pytest.approx(simulate(graph, alone.schedule).compute_cost)
+    assert isinstance(schedule_from_retain(graph, outcome.retain), Schedule)
