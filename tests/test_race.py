@@ -1,6 +1,9 @@
 """Branch and bound racing the CP-SAT model in a child process: exact answers, and no child left behind."""
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -115,6 +118,58 @@ def test_ctrl_c_during_the_race_kills_the_child(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         checkmate_milp(training_chain(16), 5, RACE)
     assert _children() <= before
+
+
+def _children_of(pid: int) -> set[int]:
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    fields = fh.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == str(pid) and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@needs_proc
+def test_sigint_to_checkmate_solve_while_racing_says_interrupted(tmp_path):
+    """A real Ctrl-C (SIGINT) to `checkmate solve` while branch and bound races CP-SAT: the command
+    stops with exit status 130 and 'interrupted', not a solver error, and its child is gone."""
+    from checkmate.graph import save_graph
+
+    path = tmp_path / "chain40.json"
+    save_graph(training_chain(40), path)   # at 8 units branch and bound runs for minutes
+    proc = subprocess.Popen([sys.executable, "-m", "checkmate", "solve", str(path), "--budget", "8",
+                             "--strategy", "checkmate_milp", "--time-limit", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kids: set[int] = set()
+        waited = time.perf_counter()
+        while not kids and time.perf_counter() - waited < 60 and proc.poll() is None:
+            time.sleep(0.2)
+            kids = _children_of(proc.pid)
+        assert kids, "the race's child never started"
+        time.sleep(4.0)   # into the LP, the local search or branch and bound
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "solver failed" not in err
+    time.sleep(0.5)
+    assert not any(_alive(k) for k in kids)
 
 
 def test_child_exits_when_its_caller_stops_listening():

@@ -128,23 +128,40 @@ class HighsBackend(Backend):
 
 def _run_until(h, stop):
     """Run HiGHS with ``stop()`` polled from its branch-and-bound interrupt callback (highspy's run
-    holds the interpreter lock, so nothing outside the callback could poll); Ctrl-C during the solve
-    interrupts it there as well and is raised once HiGHS has returned."""
+    holds the interpreter lock, so nothing outside the callback could poll).
+
+    Ctrl-C during the solve interrupts it there and is raised once HiGHS has returned. In the main
+    thread SIGINT is only recorded while HiGHS runs (a KeyboardInterrupt raised inside the callback
+    can escape into highspy's own code, which then reports a solve error and drops it); elsewhere a
+    KeyboardInterrupt in the callback is caught as well as it can be.
+    """
+    import signal
+    import threading
+
     interrupted = []
+
+    def record(signum, frame) -> None:
+        interrupted.append(True)
 
     def check(event) -> None:
         try:
-            if stop():
+            if interrupted or stop():
                 event.interrupt()
         except KeyboardInterrupt:
             interrupted.append(True)
             event.interrupt()
 
+    previous = None
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        previous = signal.signal(signal.SIGINT, record)
     h.cbMipInterrupt.subscribe(check)
     try:
         status = h.run()
     finally:
         h.cbMipInterrupt.unsubscribe(check)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
     if interrupted:
         raise KeyboardInterrupt
     return status
