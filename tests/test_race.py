@@ -27,10 +27,9 @@ ALONE = SolveOptions(milp=MilpOptions(race=False))
 HARD_CHAIN = (lambda: training_chain(10, cost=2.0, mem=3), 13, 62.0)
 
 
-def _children() -> set[int]:
-    """Process ids whose parent is this process (Linux /proc)."""
+def _children_of(pid: int) -> set[int]:
+    """Process ids whose parent is ``pid`` (Linux /proc), zombies left out."""
     out = set()
-    me = str(os.getpid())
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -39,9 +38,14 @@ def _children() -> set[int]:
                 fields = fh.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        if fields[1] == me and fields[0] != "Z":
+        if fields[1] == str(pid) and fields[0] != "Z":
             out.add(int(entry))
     return out
+
+
+def _children() -> set[int]:
+    """Process ids whose parent is this process."""
+    return _children_of(os.getpid())
 
 
 needs_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="needs /proc to list child processes")
@@ -118,20 +122,6 @@ def test_ctrl_c_during_the_race_kills_the_child(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         checkmate_milp(training_chain(16), 5, RACE)
     assert _children() <= before
-
-
-def _children_of(pid: int) -> set[int]:
-    out = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    fields = fh.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == str(pid) and fields[0] != "Z":
-                out.add(int(entry))
-    return out
 
 
 def _alive(pid: int) -> bool:
