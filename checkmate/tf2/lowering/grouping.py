@@ -320,7 +320,9 @@ def _split_saved_for_backward(groups: list[Group], infos: Sequence[OpInfo], op_g
         views = sorted(read)
         rest = [i for i in g.ops if i not in read]
         if (rest and all(infos[i].op.type in _VIEW_OPS for i in views)
-                and not any(c in read for i in views for consumers in op_graph.output_consumers[i] for c in consumers)
+                # nothing else in the layer reads the views: the rest must not depend on ``:saved``
+                and not any(c in members and c not in read
+                            for i in views for consumers in op_graph.output_consumers[i] for c in consumers)
                 and node_mem(views, infos, op_graph, "layer", output_tensors)[0] < whole_bytes):
             # What the backward reads comes out of the op that also writes the layer's output (a fused
             # kernel's per-channel statistics), through views of its own: those views alone become
