@@ -28,6 +28,7 @@ from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import simulate
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, get_backend
 from checkmate.solvers.cp_schedule import CpSatChild, cp_sat_available
+from checkmate.solvers.progress import SolveProgress, progress_wanted
 from checkmate.solvers.formulation import (CheckmateFormulation, build_formulation, cost_granularity,
                                            max_strict_descendant)
 from checkmate.solvers.registry import baseline_specs
@@ -266,7 +267,7 @@ def _race_wanted(graph: "Graph", options: SolveOptions, backend: Backend) -> boo
     return cp_sat_available()
 
 
-def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
+def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions, progress: SolveProgress | None = None):
     """(best fitting candidate or None, proven bound or None, last backend result or None, the name of
     the solver whose proof the bound is when two raced, else None).
 
@@ -290,7 +291,8 @@ def _solve_milp(graph: "Graph", budget_bytes: int, options: SolveOptions):
         except OSError:   # no child process here: HiGHS alone
             race = None
     try:
-        return _solve_milp_with(graph, budget_bytes, options, backend, race)
+        return _solve_milp_with(graph, budget_bytes, options, backend, race,
+                                SolveProgress(False, "") if progress is None else progress)
     finally:
         if race is not None:
             race.close()
@@ -302,15 +304,18 @@ def _race_proved(race: CpSatChild) -> bool:
 
 
 def _solve_milp_with(graph: "Graph", budget_bytes: int, options: SolveOptions, backend: Backend,
-                     race: CpSatChild | None):
+                     race: CpSatChild | None, progress: SolveProgress):
     deadline = _deadline(options)
     label = _solver_label(backend)
+    progress.phase("building the model")
     form = _build(graph, budget_bytes, options, backend)
+    progress.cost_scale = form.model.objective_scale
     pool = [c for c in _baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
     bound = None
     # A backend without LPs (CP-SAT) gets its bound and first incumbents from HiGHS' LP on the same model.
     lp_backend = backend if backend.lp_capable else get_backend("highs")
     if options.milp.root_lp:
+        progress.phase("LP relaxation")
         lp = lp_backend.solve(form.model.relaxed(), time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
                            threads=options.threads, verbose=options.verbose)
         if lp.status == INFEASIBLE:
@@ -320,6 +325,7 @@ def _solve_milp_with(graph: "Graph", budget_bytes: int, options: SolveOptions, b
             raise _ProvenInfeasible(f"even the LP relaxation is infeasible ({label})")
         if lp.status == OPTIMAL and lp.x is not None:
             bound = _proven_bound(form, lp.objective * form.model.objective_scale)
+            progress.phase("rounding the LP")
             pool += round_relaxation(graph, form, lp.x, budget_bytes, seed=options.seed, deadline=deadline)
 
     def solved(cand, lower):
@@ -341,6 +347,7 @@ def _solve_milp_with(graph: "Graph", budget_bytes: int, options: SolveOptions, b
     if best is not None and not solved(best, bound) and options.milp.improve_start:
         remaining = _remaining(deadline)
         budget_s = _IMPROVE_TIME_S if remaining is None else min(_IMPROVE_TIME_S, _IMPROVE_FRACTION * remaining)
+        progress.phase("local search" + (", racing CP-SAT" if racing_cp else ""))
         best = improve_by_holding(graph, best, budget_bytes, deadline=time.perf_counter() + budget_s)
         pool.append(best)
     if not solved(best, bound):
@@ -350,6 +357,9 @@ def _solve_milp_with(graph: "Graph", budget_bytes: int, options: SolveOptions, b
         solve_form = form
         for attempt in range(2):
             racing = {"stop": lambda: _race_proved(race)} if racing_cp and attempt == 0 else {}
+            progress.phase("branch and bound" + (", racing CP-SAT" if racing else ""))
+            if progress.enabled and backend.name == "highs":
+                racing["on_bounds"] = progress.bounds
             threads = 1 if racing and options.threads is None else options.threads
             res = backend.solve(solve_form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
                                 threads=threads, verbose=options.verbose, mip_start=x0, **racing)
@@ -430,10 +440,15 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     """
     deadline = _deadline(options)
     label = _solver_label(get_backend(options.solver))
-    try:
-        best, bound, res, proved_by = _solve_milp(graph, budget_bytes, options)
-    except _ProvenInfeasible as why:
-        error = _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, str(why))
+    with SolveProgress(progress_wanted(options.progress), "checkmate_milp") as progress:
+        try:
+            best, bound, res, proved_by = _solve_milp(graph, budget_bytes, options, progress)
+        except _ProvenInfeasible as why:
+            progress.phase("no schedule fits: searching the minimum feasible budget")
+            error = _infeasible(graph, budget_bytes, options, "checkmate_milp", deadline, str(why))
+        else:
+            error = None
+    if error is not None:
         mb = error.minimum
         if mb is not None and mb.feasible_bytes <= budget_bytes:
             # a proof "within tolerances" that the minimum-budget search contradicts with a replayed

@@ -74,6 +74,8 @@ class SolveOptions:
     threads: int | None = None
     verbose: bool = False
     seed: int = 0
+    progress: bool | None = None       # a status line on stderr during long MILP solves (None: when
+                                       # stderr is a terminal or CHECKMATE_PROGRESS is set)
     milp: MilpOptions = field(default_factory=MilpOptions)
 
 

@@ -41,10 +41,14 @@ class HighsBackend(Backend):
                 **{status: FEASIBLE for status in stopped}}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
-              extra_options=None, stop=None):
+              extra_options=None, stop=None, on_bounds=None):
         """As :meth:`Backend.solve`; ``stop`` (a callable) is polled whenever branch and bound lets HiGHS
-        be interrupted, and the solve stops (status feasible or no_solution) once it returns True."""
+        be interrupted, and the solve stops (status feasible or no_solution) once it returns True;
+        ``on_bounds(best, bound)`` is called from there too, with the incumbent's objective and the
+        proven bound in the model's units (infinite while unknown)."""
         began = time.perf_counter()
+        if on_bounds is not None or stop is not None:
+            stop = _with_bounds(stop, on_bounds)
         result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop)
         if mip_start is not None and result.x is not None and result.objective is not None:
             # HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP start
@@ -126,9 +130,19 @@ class HighsBackend(Backend):
         return BackendResult(out, x, objective, bound, solver="highs", message=name, seconds=seconds)
 
 
+def _with_bounds(stop, on_bounds):
+    """A ``stop(data_out)`` for :func:`_run_until`: polls ``stop()`` and reports the callback's bounds."""
+    def check(data_out) -> bool:
+        if on_bounds is not None:
+            on_bounds(float(data_out.mip_primal_bound), float(data_out.mip_dual_bound))
+        return bool(stop()) if stop is not None else False
+    return check
+
+
 def _run_until(h, stop):
-    """Run HiGHS with ``stop()`` polled from its branch-and-bound interrupt callback (highspy's run
-    holds the interpreter lock, so nothing outside the callback could poll).
+    """Run HiGHS with ``stop(data_out)`` (the callback's data) polled from its branch-and-bound
+    interrupt callback (highspy's run holds the interpreter lock, so nothing outside the callback could
+    poll).
 
     Ctrl-C during the solve interrupts it there and is raised once HiGHS has returned. In the main
     thread SIGINT is only recorded while HiGHS runs (a KeyboardInterrupt raised inside the callback
@@ -145,7 +159,7 @@ def _run_until(h, stop):
 
     def check(event) -> None:
         try:
-            if interrupted or stop():
+            if interrupted or stop(event.data_out):
                 event.interrupt()
         except KeyboardInterrupt:
             interrupted.append(True)
