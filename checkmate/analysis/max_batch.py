@@ -182,7 +182,9 @@ def probe_batch(graph: Graph, batch_size: int, memory_bytes: int, strategy: str,
         return decide_milp(graph, batch_size, memory_bytes, limit, solver=solver, time_limit_s=time_limit_s,
                            **options)
     try:
-        r = solve(graph, memory_bytes, strategy=strategy, solver=solver, time_limit_s=time_limit_s, **options)
+        # the search draws its own bar: no status line per probe
+        r = solve(graph, memory_bytes, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
+                  **{"progress": False, **options})
     except InfeasibleBudgetError:
         return _probe_of(batch_size, limit, False, "over memory", start)
     except SolverError as exc:

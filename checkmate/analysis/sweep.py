@@ -107,7 +107,8 @@ class _Task:
 def _solve_task(graph_payload: Any, task: _Task) -> dict:
     """Worker entry point: one solve, every outcome turned into a row-like dict."""
     graph = graph_payload if isinstance(graph_payload, Graph) else graph_from_dict(graph_payload)
-    options: dict[str, Any] = {}
+    # the sweep draws its own bar; a status line per solve (from worker processes) would garble it
+    options: dict[str, Any] = {"progress": False}
     if task.threads is not None:
         options["threads"] = task.threads
     if task.mip_gap is not None:
