@@ -87,3 +87,24 @@ def test_milp_with_the_line_shows_its_phases_and_returns_the_same_schedule(shown
     assert "checkmate_milp" in err and "LP relaxation" in err
     assert shown.optimal == quiet.optimal and shown.status == quiet.status
     assert np.array_equal(shown.schedule.retain, quiet.schedule.retain)
+
+
+def test_the_line_leaves_highs_threads_as_they_were(monkeypatch):
+    """Watching the bounds is not racing: HiGHS alone keeps its own thread count."""
+    from checkmate.solvers.backends.highs import HighsBackend
+
+    calls = []
+    real = HighsBackend.solve
+
+    def recording(self, model, **kwargs):
+        if model.integer.any():
+            calls.append((kwargs.get("threads"), "on_bounds" in kwargs))
+        return real(self, model, **kwargs)
+
+    monkeypatch.setattr(HighsBackend, "solve", recording)
+    graph = training_chain(6, cost=2.0, mem=3)
+    budget = trivial_memory_lower_bound(graph) + 3
+    milp = MilpOptions(race=False, root_lp=False, improve_start=False)
+    for shown in (False, True):
+        checkmate_milp(graph, budget, SolveOptions(progress=shown, milp=milp))
+    assert calls == [(None, False), (None, True)]

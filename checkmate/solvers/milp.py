@@ -358,11 +358,10 @@ def _solve_milp_with(graph: "Graph", budget_bytes: int, options: SolveOptions, b
         for attempt in range(2):
             racing = {"stop": lambda: _race_proved(race)} if racing_cp and attempt == 0 else {}
             progress.phase("branch and bound" + (", racing CP-SAT" if racing else ""))
-            if progress.enabled and backend.name == "highs":
-                racing["on_bounds"] = progress.bounds
             threads = 1 if racing and options.threads is None else options.threads
+            watch = {"on_bounds": progress.bounds} if progress.enabled and backend.name == "highs" else {}
             res = backend.solve(solve_form.model, time_limit_s=_remaining(deadline), mip_gap=options.mip_gap,
-                                threads=threads, verbose=options.verbose, mip_start=x0, **racing)
+                                threads=threads, verbose=options.verbose, mip_start=x0, **racing, **watch)
             if res.status == INFEASIBLE:
                 if best is not None:
                     raise SolverError(f"{label} reports the budget infeasible, yet the {best.source} schedule "

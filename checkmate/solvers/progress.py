@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 
 __all__ = ["SolveProgress", "progress_wanted"]
@@ -48,8 +49,6 @@ class SolveProgress:
     def __init__(self, enabled: bool, desc: str, *, cost_scale: float = 1.0):
         #: cost units per model unit of the bounds reported (settable once the model is built)
         self.cost_scale = cost_scale
-        import threading
-
         self._bar = None
         self._enabled = enabled
         self._desc = desc
