@@ -302,7 +302,8 @@ class CompiledStep:
             f"{g.n} nodes, {len(g.edges)} edges)",
             f"  accounting      {accounting(self.lowered)}",
             f"  strategy        {r.strategy}" + (f" (solver {r.solver})" if r.solver else "")
-            + (", optimal" if r.optimal else ""),
+            # a result that is not proven optimal says how far it may be off (time limit, gap)
+            + (", optimal" if r.optimal else (f": {r.status}" if r.status and r.status != "ok" else "")),
             f"  budget          {self.budget_reference}"
             + (f" (planned for {format_bytes(p.planned_budget_bytes)}, leaving room for the allocator)"
                if p.planned_budget_bytes is not None and p.planned_budget_bytes != p.budget_bytes else ""),

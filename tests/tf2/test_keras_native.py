@@ -255,3 +255,13 @@ def test_a_loss_given_by_name_or_function_trains_as_keras(loss):
     got = trainer.fit(x, y, sample_weight=weights, batch_size=BATCH, shuffle=False, verbose=0).history
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
     assert_same_weights(model, other)
+
+
+def test_summary_says_how_far_an_unproven_plan_may_be_off():
+    specs = (tf.TensorSpec((BATCH, SIZE, SIZE, 3)), tf.TensorSpec((BATCH,), tf.int32))
+    # a time limit too short for the LP: the MILP answers with its best incumbent, unproven
+    step = checkmate.tf2.compile(convnext(), LOSS, keras.optimizers.SGD(0.1), *specs, budget="70%",
+                                 strategy="checkmate_milp", time_limit_s=1e-3)
+    line = next(x for x in step.summary().splitlines() if x.strip().startswith("strategy"))
+    assert not step.result.optimal
+    assert step.result.status in line and "optimal" not in line.replace(step.result.status, "")
