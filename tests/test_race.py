@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -183,3 +184,92 @@ def test_hint_is_taken_whole():
     assert outcome.status == "optimal"
     assert outcome.cost == pytest.approx(simulate(graph, alone.schedule).compute_cost)
     assert isinstance(schedule_from_retain(graph, outcome.retain), Schedule)
+
+
+class _FakeChild:
+    """Stands in for :class:`CpSatChild` in ``_beside_race``: answers what the test sets."""
+
+    def __init__(self):
+        self.answer = None
+
+    def result(self):
+        return self.answer
+
+    def wait(self, timeout_s=None):
+        time.sleep(min(timeout_s or 0.0, 0.01))
+        return self.answer
+
+
+def _proof():
+    from checkmate.solvers.cp_schedule import CpSatOutcome
+
+    return CpSatOutcome(None, "optimal", 1.0, 1.0, 0.0)
+
+
+def test_the_childs_proof_ends_the_wait_without_waiting_for_branch_and_bound():
+    child, release, saw = _FakeChild(), threading.Event(), []
+
+    def branch_and_bound(stop):
+        child.answer = _proof()     # the child proves while branch and bound is busy
+        release.wait(30)            # and branch and bound looks at its stop flag only later
+        saw.append(stop())
+        return "branch and bound's result"
+
+    assert milp._beside_race(child, branch_and_bound) is None
+    assert saw == []                # returned while branch and bound was still running
+    release.set()
+    for _ in range(3000):
+        if saw:
+            break
+        time.sleep(0.01)
+    assert saw == [True]            # and branch and bound was told to stop
+
+
+def test_beside_the_race_branch_and_bound_answers_and_fails_as_it_would_alone():
+    child = _FakeChild()
+    assert milp._beside_race(child, lambda stop: ("done", stop())) == ("done", False)
+
+    def fails(stop):
+        raise ValueError("solver failed")
+
+    with pytest.raises(ValueError, match="solver failed"):
+        milp._beside_race(child, fails)
+    from checkmate.solvers.cp_schedule import CpSatOutcome
+
+    child.answer = CpSatOutcome(None, "feasible", 2.0, 1.0, 0.0)   # stopped without a proof
+    assert milp._beside_race(child, lambda stop: ("done", stop())) == ("done", False)
+
+
+def test_local_search_stops_when_told():
+    graph = training_chain(10, cost=2.0, mem=3)
+    budget = 13
+    start = min((c for c in milp._baseline_candidates(graph, budget, SolveOptions()) if c.peak_bytes <= budget),
+                key=lambda c: c.cost)
+    improved = milp.improve_by_holding(graph, start, budget)
+    assert improved.cost < start.cost      # there is something to improve
+    assert milp.improve_by_holding(graph, start, budget, stop=lambda: True) is start
+
+
+def test_a_proof_during_the_local_search_skips_branch_and_bound(monkeypatch):
+    make, budget, optimum = HARD_CHAIN
+    graph = make()
+    real = milp.improve_by_holding
+    solves = []
+
+    def slow_local_search(graph, candidate, budget_bytes, *, deadline=None, stop=None):
+        assert stop is not None             # the race is on: the local search can be stopped
+        for _ in range(6000):               # run on until the child has proved
+            if stop():
+                break
+            time.sleep(0.01)
+        return real(graph, candidate, budget_bytes, deadline=deadline, stop=stop)
+
+    monkeypatch.setattr(milp, "improve_by_holding", slow_local_search)
+    backend_type = type(milp.get_backend("highs"))
+    real_solve = backend_type.solve
+    monkeypatch.setattr(backend_type, "solve",
+                        lambda self, model, **kw: solves.append(model.integer.any()) or real_solve(self, model, **kw))
+    out = checkmate_milp(graph, budget, RACE)
+    assert out.optimal and "proven by CP-SAT, racing HiGHS" in out.status and "LP bound" not in out.status
+    assert simulate(graph, out.schedule).compute_cost == optimum
+    assert not any(solves)                  # only the LP ran: no branch and bound

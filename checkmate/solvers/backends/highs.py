@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -46,6 +47,14 @@ class HighsBackend(Backend):
         be interrupted, and the solve stops (status feasible or no_solution) once it returns True;
         ``on_bounds(best, bound)`` is called from there too, with the incumbent's objective and the
         proven bound in the model's units (infinite while unknown)."""
+        # one solve at a time per process: a solve told to stop from another thread (a race) may run
+        # on to its next callback, and HiGHS' task scheduler is shared by the process
+        with _ONE_SOLVE_AT_A_TIME:
+            return self._solve_once(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options,
+                                    stop, on_bounds)
+
+    def _solve_once(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop,
+                    on_bounds):
         began = time.perf_counter()
         if on_bounds is not None or stop is not None:
             stop = _with_bounds(stop, on_bounds)
@@ -68,8 +77,13 @@ class HighsBackend(Backend):
         import highspy
 
         inf = highspy.kHighsInf
-        with quiet_stdout(not verbose):
+        # the banner comes with the process's first instance only; later instances made outside the
+        # main thread (branch and bound beside a race) leave stdout alone, which the caller's thread
+        # may be writing to by then
+        first = not _instance_made[0]
+        with quiet_stdout(not verbose and (first or threading.current_thread() is threading.main_thread())):
             h = highspy.Highs()
+        _instance_made[0] = True
         h.setOptionValue("output_flag", bool(verbose))
         if time_limit_s is not None:
             h.setOptionValue("time_limit", float(max(time_limit_s, 0.01)))
@@ -180,6 +194,9 @@ def _run_until(h, stop):
         raise KeyboardInterrupt
     return status
 
+
+_ONE_SOLVE_AT_A_TIME = threading.RLock()
+_instance_made = [False]
 
 # HiGHS runs every instance of a process on one global task scheduler, sized by the first solve;
 # a later solve asking for another thread count fails with status "Not Set" (highspy 1.16). Reset
