@@ -273,3 +273,44 @@ def test_a_proof_during_the_local_search_skips_branch_and_bound(monkeypatch):
     assert out.optimal and "proven by CP-SAT, racing HiGHS" in out.status and "LP bound" not in out.status
     assert simulate(graph, out.schedule).compute_cost == optimum
     assert not any(solves)                  # only the LP ran: no branch and bound
+
+
+_STRAGGLER_SCRIPT = r"""
+import sys, time
+sys.path[:0] = sys.argv[1:2]
+from cases import training_chain
+from checkmate.solvers import SolveOptions, milp
+from checkmate.solvers.cp_schedule import CpSatOutcome
+
+class Proved:
+    def result(self):
+        return CpSatOutcome(None, "optimal", 1.0, 1.0, 0.0)
+    def wait(self, timeout_s=None):
+        return self.result()
+
+graph = training_chain(10, cost=2.0, mem=3)
+backend = milp.get_backend("highs")
+form = milp._build(graph, 13, SolveOptions(), backend)
+
+def branch_and_bound(stop):
+    def slow_stop():            # HiGHS' callback, busy in Python for a while (as at the interpreter's exit)
+        end = time.perf_counter() + 1.0
+        while time.perf_counter() < end:
+            pass
+        return stop()
+    return backend.solve(form.model, threads=1, stop=slow_stop, time_limit_s=30)
+
+assert milp._beside_race(Proved(), branch_and_bound) is None
+print("returned", flush=True)
+"""
+
+
+def test_the_process_exits_cleanly_while_branch_and_bound_is_still_stopping(tmp_path):
+    """The caller returns at the child's proof while HiGHS runs on to its next callback; a process that
+    ends right then must wait for it, not abort inside HiGHS."""
+    script = tmp_path / "straggler.py"
+    script.write_text(_STRAGGLER_SCRIPT)
+    here = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, str(script), here], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "returned" in run.stdout

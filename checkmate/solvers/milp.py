@@ -330,7 +330,9 @@ def _beside_race(race: CpSatChild, solve):
         except BaseException as exc:   # handed to the caller's thread
             box["error"] = exc
 
-    worker = threading.Thread(target=work, name="checkmate-branch-and-bound", daemon=True)
+    # not a daemon: the interpreter waits for it at exit (a daemon thread still inside HiGHS when the
+    # interpreter shuts down aborts the process from HiGHS' next callback)
+    worker = threading.Thread(target=work, name="checkmate-branch-and-bound")
     worker.start()
     try:
         while worker.is_alive():
