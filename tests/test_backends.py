@@ -213,3 +213,20 @@ def test_solve_options_threads_and_verbose_are_accepted(capfd):
     r = solve(graph, "80%", "checkmate_milp", threads=1, verbose=True)
     assert r.optimal
     assert "HiGHS" in capfd.readouterr().out
+
+
+def test_highs_solves_from_another_thread_and_back():
+    """Branch and bound beside a race runs HiGHS in a worker thread; solves before and after it, in the
+    caller's thread, with the same or another thread count, still run (HiGHS' shared task scheduler
+    belongs to the thread that made it)."""
+    import threading
+
+    backend = get_backend("highs")
+    statuses = [backend.solve(knapsack(5), mip_gap=0.0).status]
+    worker = threading.Thread(target=lambda: statuses.append(backend.solve(knapsack(5), mip_gap=0.0,
+                                                                            threads=1).status))
+    worker.start()
+    worker.join()
+    statuses.append(backend.solve(knapsack(5), mip_gap=0.0, threads=1).status)
+    statuses.append(backend.solve(knapsack(5), mip_gap=0.0).status)
+    assert statuses == [OPTIMAL] * 4

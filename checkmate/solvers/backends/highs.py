@@ -199,16 +199,22 @@ _ONE_SOLVE_AT_A_TIME = threading.RLock()
 _instance_made = [False]
 
 # HiGHS runs every instance of a process on one global task scheduler, sized by the first solve;
-# a later solve asking for another thread count fails with status "Not Set" (highspy 1.16). Reset
-# the scheduler whenever the requested count changes (solves in one process run one at a time).
+# a later solve asking for another thread count, or made from another thread, fails with status
+# "Not Set" (highspy 1.16). Reset the scheduler whenever either changes (solves in one process run
+# one at a time).
 _NOT_STARTED = object()
 _scheduler_threads: list = [_NOT_STARTED]
+_scheduler_owner: list = [None]
 
 
 def _use_threads(highspy, h, threads) -> None:
     wanted = int(threads) if threads else None
     if wanted is not None:
         h.setOptionValue("threads", wanted)
-    if _scheduler_threads[0] is not _NOT_STARTED and wanted != _scheduler_threads[0]:
+    # the scheduler also belongs to the thread that made it: a solve from another thread (branch and
+    # bound beside a race runs in a worker thread) with the same count failed with "Not Set" too
+    here = threading.get_ident()
+    if _scheduler_threads[0] is not _NOT_STARTED and (wanted != _scheduler_threads[0] or here != _scheduler_owner[0]):
         highspy.Highs.resetGlobalScheduler(True)
     _scheduler_threads[0] = wanted
+    _scheduler_owner[0] = here
