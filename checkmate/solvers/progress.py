@@ -42,8 +42,8 @@ class SolveProgress:
     """The status line of one solve; a no-op when not ``enabled``. Use as a context manager.
 
     A daemon thread redraws the line every ``_REFRESH_S`` so that its clock runs during phases that
-    report nothing (the local search); native solver calls that hold the interpreter lock pause it,
-    except where the solver calls back (branch and bound reports its bounds from its callback).
+    report nothing (the local search); native solver calls that hold the interpreter lock pause it
+    (HiGHS' run releases it; branch and bound also reports its bounds from its callback).
     """
 
     def __init__(self, enabled: bool, desc: str, *, cost_scale: float = 1.0):

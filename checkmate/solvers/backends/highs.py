@@ -155,8 +155,8 @@ def _with_bounds(stop, on_bounds):
 
 def _run_until(h, stop):
     """Run HiGHS with ``stop(data_out)`` (the callback's data) polled from its branch-and-bound
-    interrupt callback (highspy's run holds the interpreter lock, so nothing outside the callback could
-    poll).
+    interrupt callback: HiGHS can only be stopped from there (highspy's run releases the interpreter
+    lock, so another thread may decide meanwhile, but only the callback can act on it).
 
     Ctrl-C during the solve interrupts it there and is raised once HiGHS has returned. In the main
     thread SIGINT is only recorded while HiGHS runs (a KeyboardInterrupt raised inside the callback
