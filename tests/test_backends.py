@@ -129,7 +129,7 @@ def test_time_limit_without_a_solution_is_not_infeasible():
     graph = synthetic.unet(4)
     form = build_formulation(graph, int(0.5 * checkpoint_all_peak(graph)))
     res = get_backend("highs").solve(form.model, time_limit_s=0.01, threads=1,
-                                     extra_options={"mip_heuristic_effort": 0.0})
+                                     solver_options={"mip_heuristic_effort": 0.0})
     assert res.status in (NO_SOLUTION, FEASIBLE, OPTIMAL)
     if res.status == NO_SOLUTION:
         assert res.x is None
@@ -143,7 +143,7 @@ def test_highs_uses_the_mip_start():
     start = checkpoint_all_schedule(graph)
     x0 = form.encode(start.recompute, start.retain)
     res = get_backend("highs").solve(form.model, time_limit_s=5, threads=1, mip_start=x0,
-                                     extra_options={"mip_max_nodes": 0, "mip_heuristic_effort": 0.0})
+                                     solver_options={"mip_max_nodes": 0, "mip_heuristic_effort": 0.0})
     assert res.x is not None
     assert form.model.cost_of(res.x) == pytest.approx(graph.total_cost)
 

@@ -13,8 +13,11 @@ from checkmate.solvers import STRATEGIES, SolveOptions, checkpoint_all_peak
 from checkmate.solvers.backends import INFEASIBLE, get_backend
 from checkmate.solvers.baselines import checkpoint_all_schedule
 from checkmate.solvers.formulation import build_formulation
-from checkmate.solvers.milp import (_Candidate, checkmate_milp, improve_by_holding, minimum_feasible_budget,
-                                    prune_retention, schedule_from_retain)
+from checkmate.bounds import prune_unused_holds
+from checkmate.solvers.bracket import bracket_minimum_budget
+from checkmate.solvers.candidates import Candidate, schedule_from_retain
+from checkmate.solvers.milp import checkmate_milp
+from checkmate.solvers.rounding import improve_by_holding
 from checkmate import synthetic
 
 EXACT = SolveOptions(mip_gap=0.0, threads=1)
@@ -304,7 +307,7 @@ def test_non_recomputable_nodes_run_once_and_outputs_stay():
 @pytest.mark.parametrize("name", ["chain8", "unet3", "skip"])
 def test_infeasible_budget_carries_the_minimum(name):
     graph = SMALL_CASES[name]()
-    mb = minimum_feasible_budget(graph, EXACT)
+    mb = bracket_minimum_budget(graph, EXACT)
     assert mb.proven and mb.feasible_bytes == mb.lower_bytes
     assert_valid_schedule(graph, mb.schedule, mb.feasible_bytes)
     with pytest.raises(InfeasibleBudgetError) as err:
@@ -356,10 +359,10 @@ def test_a_claimed_infeasibility_contradicted_by_a_baseline_is_a_solver_error(mo
     assert not isinstance(err.value, InfeasibleBudgetError)
 
 
-def test_prune_retention_drops_only_unused_holds():
+def test_prune_unused_holds_drops_only_unused_holds():
     graph = training_chain(4)
     S = np.tril(np.ones((graph.n, graph.n), dtype=bool), -1)   # hold everything
-    pruned = prune_retention(graph, S)
+    pruned = prune_unused_holds(graph, S)
     sched = Schedule.from_retain(graph, pruned)
     full = Schedule.from_retain(graph, S)
     assert simulate(graph, sched).compute_cost == simulate(graph, full).compute_cost
@@ -421,7 +424,7 @@ def test_improving_a_baseline_keeps_it_valid_cheaper_and_within_budget(strategy,
             start = solve(graph, budget, strategy)
         except InfeasibleBudgetError:
             continue
-        cand = _Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, strategy)
+        cand = Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, strategy)
         better = improve_by_holding(graph, cand, budget)
         sim = assert_valid_schedule(graph, better.schedule, budget)
         assert better.cost == pytest.approx(sim.compute_cost)
@@ -449,7 +452,7 @@ def _improve_by_replaying_every_move(graph, candidate, budget):
             sim = simulate(graph, cand)
             if sim.valid and sim.peak_memory_bytes <= budget and sim.compute_cost < current.cost - 1e-12 * current.cost:
                 if best is None or sim.compute_cost < best.cost:
-                    best = _Candidate(cand, sim.compute_cost, sim.peak_memory_bytes, current.source)
+                    best = Candidate(cand, sim.compute_cost, sim.peak_memory_bytes, current.source)
         if best is None:
             return current
         current = best
@@ -464,7 +467,7 @@ def test_improvement_replaying_only_the_cheapest_moves_takes_the_same_steps(grap
             start = solve(graph, budget, "checkmate_lp_rounding")
         except InfeasibleBudgetError:
             continue
-        cand = _Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, "rounding")
+        cand = Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, "rounding")
         fast = improve_by_holding(graph, cand, budget)
         slow = _improve_by_replaying_every_move(graph, cand, budget)
         assert fast.cost == slow.cost
@@ -475,7 +478,7 @@ def test_improvement_stops_at_the_deadline():
     graph = training_chain(12)
     budget = checkpoint_all_peak(graph)
     start = solve(graph, budget, "griewank_logn")
-    cand = _Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, "griewank_logn")
+    cand = Candidate(start.schedule, start.compute_cost, start.peak_memory_bytes, "griewank_logn")
     assert improve_by_holding(graph, cand, budget, deadline=0.0) is cand
 
 

@@ -15,9 +15,10 @@ from cases import brute_force_optimum, random_dags, training_chain, trivial_memo
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 from checkmate.solvers import SolveOptions, checkpoint_all_peak
-from checkmate.solvers import milp
+from checkmate.solvers import candidates, milp, race, rounding, staged
 from checkmate.solvers.cp_schedule import CpSatChild, cp_sat_available
-from checkmate.solvers.milp import checkmate_milp, schedule_from_retain
+from checkmate.solvers.candidates import schedule_from_retain
+from checkmate.solvers.milp import checkmate_milp
 from checkmate.solvers.types import MilpOptions
 
 pytestmark = pytest.mark.skipif(not cp_sat_available(), reason="OR-Tools is not installed")
@@ -96,7 +97,7 @@ def test_race_and_highs_alone_agree(layers, fraction):
 
 def test_race_is_off_on_small_graphs_by_default(monkeypatch):
     started = []
-    monkeypatch.setattr(milp, "CpSatChild", lambda *a: started.append(a) or CpSatChild(*a))
+    monkeypatch.setattr(race, "CpSatChild", lambda *a: started.append(a) or CpSatChild(*a))
     graph = training_chain(6, cost=2.0, mem=3)
     checkmate_milp(graph, trivial_memory_lower_bound(graph) + 3, SolveOptions())
     assert started == []
@@ -118,7 +119,8 @@ def test_ctrl_c_during_the_race_kills_the_child(monkeypatch):
     def interrupted(race):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(milp, "_race_proved", interrupted)
+    monkeypatch.setattr(staged, "race_proved", interrupted)
+    monkeypatch.setattr(race, "race_proved", interrupted)
     before = _children()
     with pytest.raises(KeyboardInterrupt):
         checkmate_milp(training_chain(16), 5, RACE)
@@ -215,7 +217,7 @@ def test_the_childs_proof_ends_the_wait_without_waiting_for_branch_and_bound():
         saw.append(stop())
         return "branch and bound's result"
 
-    assert milp._beside_race(child, branch_and_bound) is None
+    assert race.beside_race(child, branch_and_bound) is None
     assert saw == []                # returned while branch and bound was still running
     release.set()
     for _ in range(3000):
@@ -227,33 +229,33 @@ def test_the_childs_proof_ends_the_wait_without_waiting_for_branch_and_bound():
 
 def test_beside_the_race_branch_and_bound_answers_and_fails_as_it_would_alone():
     child = _FakeChild()
-    assert milp._beside_race(child, lambda stop: ("done", stop())) == ("done", False)
+    assert race.beside_race(child, lambda stop: ("done", stop())) == ("done", False)
 
     def fails(stop):
         raise ValueError("solver failed")
 
     with pytest.raises(ValueError, match="solver failed"):
-        milp._beside_race(child, fails)
+        race.beside_race(child, fails)
     from checkmate.solvers.cp_schedule import CpSatOutcome
 
     child.answer = CpSatOutcome(None, "feasible", 2.0, 1.0, 0.0)   # stopped without a proof
-    assert milp._beside_race(child, lambda stop: ("done", stop())) == ("done", False)
+    assert race.beside_race(child, lambda stop: ("done", stop())) == ("done", False)
 
 
 def test_local_search_stops_when_told():
     graph = training_chain(10, cost=2.0, mem=3)
     budget = 13
-    start = min((c for c in milp._baseline_candidates(graph, budget, SolveOptions()) if c.peak_bytes <= budget),
+    start = min((c for c in candidates.baseline_candidates(graph, budget, SolveOptions()) if c.peak_bytes <= budget),
                 key=lambda c: c.cost)
-    improved = milp.improve_by_holding(graph, start, budget)
+    improved = rounding.improve_by_holding(graph, start, budget)
     assert improved.cost < start.cost      # there is something to improve
-    assert milp.improve_by_holding(graph, start, budget, stop=lambda: True) is start
+    assert rounding.improve_by_holding(graph, start, budget, stop=lambda: True) is start
 
 
 def test_a_proof_during_the_local_search_skips_branch_and_bound(monkeypatch):
     make, budget, optimum = HARD_CHAIN
     graph = make()
-    real = milp.improve_by_holding
+    real = staged.improve_by_holding
     solves = []
 
     def slow_local_search(graph, candidate, budget_bytes, *, deadline=None, stop=None):
@@ -264,7 +266,7 @@ def test_a_proof_during_the_local_search_skips_branch_and_bound(monkeypatch):
             time.sleep(0.01)
         return real(graph, candidate, budget_bytes, deadline=deadline, stop=stop)
 
-    monkeypatch.setattr(milp, "improve_by_holding", slow_local_search)
+    monkeypatch.setattr(staged, "improve_by_holding", slow_local_search)
     backend_type = type(milp.get_backend("highs"))
     real_solve = backend_type.solve
     monkeypatch.setattr(backend_type, "solve",
@@ -279,7 +281,7 @@ _STRAGGLER_SCRIPT = r"""
 import sys, time
 sys.path[:0] = sys.argv[1:2]
 from cases import training_chain
-from checkmate.solvers import SolveOptions, milp
+from checkmate.solvers import SolveOptions, race, staged
 from checkmate.solvers.cp_schedule import CpSatOutcome
 
 class Proved:
@@ -289,8 +291,8 @@ class Proved:
         return self.result()
 
 graph = training_chain(10, cost=2.0, mem=3)
-backend = milp.get_backend("highs")
-form = milp._build(graph, 13, SolveOptions(), backend)
+backend = staged.get_backend("highs")
+form = staged.build_model(graph, 13, SolveOptions(), backend)
 
 def branch_and_bound(stop):
     def slow_stop():            # HiGHS' callback, busy in Python for a while (as at the interpreter's exit)
@@ -300,7 +302,7 @@ def branch_and_bound(stop):
         return stop()
     return backend.solve(form.model, threads=1, stop=slow_stop, time_limit_s=30)
 
-assert milp._beside_race(Proved(), branch_and_bound) is None
+assert race.beside_race(Proved(), branch_and_bound) is None
 print("returned", flush=True)
 """
 

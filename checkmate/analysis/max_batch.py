@@ -51,8 +51,10 @@ from checkmate.bounds import largest_working_set_bytes
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, InvalidGraphError, SolverError
 from checkmate.graph import Graph, Node
 from checkmate.solvers import get_strategy, solve
-from checkmate.solvers.backends import INFEASIBLE, OPTIMAL, get_backend
+from checkmate.solvers.backends import get_backend
 from checkmate.solvers.registry import make_options
+from checkmate.solvers.staged import (BASELINES, BRANCH_AND_BOUND, LOCAL_SEARCH, LP_RELAXATION, ROUNDING,
+                                      ProvenInfeasible, solve_staged)
 
 __all__ = ["BatchProbe", "MaxBatchResult", "BatchGraphFamily", "forward_cost", "cost_limit", "probe_batch",
            "decide_milp", "graph_digest", "max_batch_size", "max_batch_sizes", "search_model", "DEFAULT_STRATEGIES",
@@ -73,9 +75,6 @@ MAX_SEARCH_BATCH = 1 << 30
 # The largest memory limit whose final sizes are confirmed by running the compiled step here: the step
 # needs about that much RAM (plus TensorFlow's own), and the machines these studies run on are shared.
 DEFAULT_CONFIRM_MAX_BYTES = 8 * 10**9
-# Local search on a probe's best schedule before branch and bound: at most this long (it often lowers
-# the cost below the limit at once, and costs little next to a MILP solve).
-_IMPROVE_TIME_S = 10.0
 # Strategies whose search starts at the best size the others reached: the MILP (every baseline schedule
 # is a feasible point of it) and the scalable strategies that keep the best baseline as a floor.
 _STARTS_FROM_BEST = ("checkmate_milp", "hierarchical", "auto")
@@ -172,13 +171,13 @@ def probe_batch(graph: Graph, batch_size: int, memory_bytes: int, strategy: str,
                 time_limit_s: float | None = None, **options: Any) -> BatchProbe:
     """Does ``strategy`` fit ``graph`` (the training graph at ``batch_size``) in the paper's setting?
 
-    The MILP on HiGHS (the default backend) is answered by :func:`decide_milp`; on other backends, by a
-    full solve whose result counts as "over compute" only when its proven bound exceeds the cost
-    limit (otherwise the probe is undecided).
+    The MILP on a backend that takes a cutoff (HiGHS, the default) is answered by :func:`decide_milp`;
+    on other backends, by a full solve whose result counts as "over compute" only when its proven
+    bound exceeds the cost limit (otherwise the probe is undecided).
     """
     limit = cost_limit(graph, extra_forward_passes)
     start = time.perf_counter()
-    if strategy == "checkmate_milp" and get_backend(solver).name == "highs":
+    if strategy == "checkmate_milp" and get_backend(solver).supports_cutoff:
         return decide_milp(graph, batch_size, memory_bytes, limit, solver=solver, time_limit_s=time_limit_s,
                            **options)
     try:
@@ -205,9 +204,10 @@ def probe_batch(graph: Graph, batch_size: int, memory_bytes: int, strategy: str,
 
 def decide_milp(graph: Graph, batch_size: int, memory_bytes: int, limit: float, *, solver: str | None = None,
                 time_limit_s: float | None = None, **options: Any) -> BatchProbe:
-    """Is there a schedule within ``memory_bytes`` whose cost is at most ``limit``? (HiGHS)
+    """Is there a schedule within ``memory_bytes`` whose cost is at most ``limit``?
 
-    The MILP strategy's own pieces, stopped as soon as the answer is known:
+    The MILP's staged driver (:func:`checkmate.solvers.staged.solve_staged`) with the cost limit as
+    both its cutoff and its target, so that each stage may answer:
 
     1. every baseline's schedule within the memory limit: one within the cost limit answers yes;
     2. the LP relaxation: infeasible, or a bound above the cost limit, answers no; its roundings
@@ -217,89 +217,39 @@ def decide_milp(graph: Graph, batch_size: int, memory_bytes: int, limit: float, 
        first incumbent within the limit).
 
     Every yes rests on a replayed schedule within both limits. The time limit covers all three
-    steps; reaching it without an answer gives an undecided probe.
+    steps; reaching it without an answer gives an undecided probe. The backend must support a cutoff
+    (``Backend.supports_cutoff``: HiGHS).
     """
-    from checkmate.solvers.milp import (_baseline_candidates, _build, _evaluate, _proven_bound,
-                                        _tolerance_bytes, improve_by_holding, round_relaxation,
-                                        schedule_from_retain)
-
     start = time.perf_counter()
     opts = make_options(solver, time_limit_s, **options)
-    deadline = None if time_limit_s is None else start + float(time_limit_s)
-
-    def remaining() -> float | None:
-        return None if deadline is None else max(deadline - time.perf_counter(), 0.01)
-
-    base = graph.total_cost
-
-    def yes(cand, source: str, bound=None) -> BatchProbe:
-        return _probe_of(batch_size, limit, True, "fits", start, cost=cand.cost, peak=cand.peak_bytes,
-                         base_cost=base, bound=bound, source=source)
-
     if memory_bytes < largest_working_set_bytes(graph):
         return _probe_of(batch_size, limit, False, "over memory", start,
                          source="some node's inputs and output alone exceed the limit")
-    backend = get_backend(solver)
-    pool = [c for c in _baseline_candidates(graph, memory_bytes, opts) if c.peak_bytes <= memory_bytes]
-    best = min(pool, key=lambda c: c.cost, default=None)
-    if best is not None and _within(best.cost, limit):
-        return yes(best, f"{best.source} schedule")
-    form = _build(graph, memory_bytes, opts, backend)
-    lp = backend.solve(form.model.relaxed(), time_limit_s=remaining(), threads=opts.threads, verbose=opts.verbose)
-    bound = None
-    if lp.status == INFEASIBLE and not pool:
+    within = limit * (1 + _COST_RTOL)
+    try:
+        run = solve_staged(graph, memory_bytes, opts, cutoff=within, target=within)
+    except ProvenInfeasible:
         return _probe_of(batch_size, limit, False, "over memory", start, source="LP relaxation infeasible")
-    if lp.status == OPTIMAL and lp.x is not None:
-        bound = _proven_bound(form, lp.objective * form.model.objective_scale)
-        if not _within(bound, limit):
-            return _probe_of(batch_size, limit, False, "over compute", start, bound=bound,
-                             cost=None if best is None else best.cost, base_cost=base,
-                             source="LP relaxation's bound above the cost limit")
-        pool += round_relaxation(graph, form, lp.x, memory_bytes, seed=opts.seed, deadline=deadline)
-        best = min(pool, key=lambda c: c.cost, default=None)
-        if best is not None and _within(best.cost, limit):
-            return yes(best, f"rounded LP relaxation ({best.source})", bound)
-    if best is not None:
-        left = remaining()
-        improve_s = _IMPROVE_TIME_S if left is None else min(_IMPROVE_TIME_S, 0.1 * left)
-        best = improve_by_holding(graph, best, memory_bytes, deadline=time.perf_counter() + improve_s)
-        if _within(best.cost, limit):
-            return yes(best, f"{best.source} (local search)", bound)
-    # Branch and bound for a yes/no answer: cutoff and target at the cost limit, in model units. No MIP
-    # start: every schedule found so far costs more than the limit, so the cutoff would reject it.
-    # Presolve off: HiGHS' MIP presolve does not watch the time limit, and on the larger layer graphs
-    # it runs for minutes (SegNet at 416x608, 73,000 columns: over two minutes past a 40 s limit);
-    # without it the limit holds to a second.
-    target = limit * (1 + _COST_RTOL) / form.model.objective_scale
-    extra = {"objective_bound": float(target), "objective_target": float(target), "presolve": "off"}
-    budget = memory_bytes
-    for attempt in range(2):
-        res = backend.solve(form.with_budget(budget).model if budget != memory_bytes else form.model,
-                            time_limit_s=remaining(), mip_gap=opts.mip_gap, threads=opts.threads,
-                            verbose=opts.verbose, extra_options=extra)
-        if res.x is not None:
-            _, S = form.decode(res.x)
-            cand = _evaluate(graph, schedule_from_retain(graph, S), "branch and bound")
-            if cand is not None and cand.peak_bytes <= memory_bytes and _within(cand.cost, limit):
-                return yes(cand, "branch and bound", bound)
-            if cand is not None and attempt == 0 and cand.peak_bytes > memory_bytes:
-                # the solver's tolerances let a few bytes too many through: once more, a little lower
-                budget = memory_bytes - max(cand.peak_bytes - memory_bytes, _tolerance_bytes(graph, memory_bytes))
-                continue
-        if budget != memory_bytes:
-            # the lowered budget's bound, or its infeasibility, says nothing about the real budget's
-            break
-        if res.bound is not None:
-            mip_bound = _proven_bound(form, res.bound * form.model.objective_scale)
-            bound = mip_bound if bound is None else max(bound, mip_bound)
-        if res.status == INFEASIBLE or (bound is not None and not _within(bound, limit)):
-            # with the cutoff at the limit, "infeasible" says that no schedule costs at most the limit
-            return _probe_of(batch_size, limit, False, "over compute" if pool or lp.status == OPTIMAL else
-                             "over memory", start, bound=bound, cost=None if best is None else best.cost,
-                             base_cost=base, source="branch and bound: nothing within the cost limit")
-        break
+    except SolverError as exc:
+        # a solver that stops without a schedule has not shown that nothing fits
+        return _probe_of(batch_size, limit, False, f"undecided: {exc}", start, decided=False)
+    best, bound, base = run.best, run.bound, graph.total_cost
+    cost = None if best is None else best.cost
+    if best is not None and _within(best.cost, limit):
+        source = {BASELINES: f"{best.source} schedule", ROUNDING: f"rounded LP relaxation ({best.source})",
+                  LOCAL_SEARCH: f"{best.source} (local search)"}.get(run.stage, "branch and bound")
+        return _probe_of(batch_size, limit, True, "fits", start, cost=best.cost, peak=best.peak_bytes,
+                         base_cost=base, bound=None if run.stage == BASELINES else bound, source=source)
+    if run.stage == LP_RELAXATION and bound is not None and not _within(bound, limit):
+        return _probe_of(batch_size, limit, False, "over compute", start, bound=bound, cost=cost, base_cost=base,
+                         source="LP relaxation's bound above the cost limit")
+    if run.stage == BRANCH_AND_BOUND and (run.none_within_cutoff or (bound is not None and not _within(bound, limit))):
+        # with the cutoff at the limit, "infeasible" says that no schedule costs at most the limit
+        return _probe_of(batch_size, limit, False, "over compute" if best is not None or run.lp_solved else
+                         "over memory", start, bound=bound, cost=cost, base_cost=base,
+                         source="branch and bound: nothing within the cost limit")
     return _probe_of(batch_size, limit, False, f"undecided: time limit ({time_limit_s} s)", start, decided=False,
-                     bound=bound, cost=None if best is None else best.cost, base_cost=base,
+                     bound=bound, cost=cost, base_cost=base,
                      source="no schedule within the cost limit found, none ruled out")
 
 

@@ -47,7 +47,7 @@ def _run_bounded(spec: StrategySpec, graph: "Graph", budget_bytes: int, opts: So
             if spec.name != "checkmate_lp_rounding":
                 raise
             # the minimum it names must be one at which this strategy, not only the MILP, succeeds
-            from checkmate.solvers.minimum_budget import rounding_minimum_error
+            from checkmate.solvers.milp import rounding_minimum_error
 
             raise rounding_minimum_error(graph, exc, opts) from None
         except MemoryError:

@@ -11,11 +11,11 @@ import importlib
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from checkmate.errors import BackendUnavailableError, SolverError
+from checkmate.errors import BackendUnavailableError, InvalidArgumentError, SolverError
 from checkmate.solvers.types import PROVEN_MIP_GAP
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,14 +45,23 @@ class BackendResult:
 
 
 class Backend(abc.ABC):
-    """One solver: capability attributes, availability check, status map and :meth:`solve`."""
+    """One solver: capability attributes, availability check, status map and :meth:`solve`.
+
+    The capability flags say which of :meth:`solve`'s optional arguments a backend honours; callers
+    read the flags (never the backend's name) and pass only what is supported. A backend given an
+    argument it does not support refuses it (:meth:`refuse_unsupported`).
+    """
 
     name = "backend"
     label = "backend"        # how results name the solver
     mip_capable = True
     lp_capable = True
-    supports_mip_start = False
+    supports_mip_start = False       # mip_start: an incumbent to start branch and bound from
     needs_integral_rows = False
+    supports_stop = False            # stop(): polled during branch and bound; True ends the solve
+    reports_bounds = False           # on_bounds(best, bound): called during branch and bound
+    supports_cutoff = False          # cutoff (prune above it) and target (stop at an incumbent at or below it)
+    takes_solver_options = False     # solver_options: the solver's own options by name
 
     @abc.abstractmethod
     def check_available(self) -> None:
@@ -66,11 +75,32 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def solve(self, model: "SparseModel", *, time_limit_s: float | None = None, mip_gap: float = PROVEN_MIP_GAP,
-              threads: int | None = None, verbose: bool = False,
-              mip_start: np.ndarray | None = None) -> BackendResult:
+              threads: int | None = None, verbose: bool = False, mip_start: np.ndarray | None = None,
+              cutoff: float | None = None, target: float | None = None, stop: Callable[[], bool] | None = None,
+              on_bounds: Callable[[float, float], None] | None = None,
+              solver_options: Mapping[str, Any] | None = None) -> BackendResult:
         """Solve ``model`` (an LP when nothing is integral). The solver stops at the relative gap
         ``mip_gap`` or, when the model's objective moves in steps, at an absolute gap below one step
-        (``model.proof_abs_gap``): either way the incumbent is then proven within that gap."""
+        (``model.proof_abs_gap``): either way the incumbent is then proven within that gap.
+
+        Optional, where the capability flags say so (objective values in the model's units):
+        ``cutoff``: no solution above it is wanted, so "infeasible" means none at or below it;
+        ``target``: stop at the first incumbent at or below it; ``stop``: polled during branch and
+        bound, the solve ends (feasible or no_solution) once it returns True; ``on_bounds(best,
+        bound)``: called from there with the incumbent's objective and the proven bound (infinite
+        while unknown); ``solver_options``: the solver's own options by name."""
+
+    def refuse_unsupported(self, *, cutoff=None, target=None, stop=None, on_bounds=None,
+                           solver_options=None) -> None:
+        """Raise :class:`InvalidArgumentError` for an optional argument of :meth:`solve` that this
+        backend does not support (see the capability flags)."""
+        given = {"cutoff": (cutoff, self.supports_cutoff), "target": (target, self.supports_cutoff),
+                 "stop": (stop, self.supports_stop), "on_bounds": (on_bounds, self.reports_bounds),
+                 "solver_options": (solver_options, self.takes_solver_options)}
+        refused = [name for name, (value, supported) in given.items() if value is not None and not supported]
+        if refused:
+            raise InvalidArgumentError(f"solver {self.label!r} does not support {', '.join(refused)}; "
+                                       f"use {DEFAULT_FALLBACK}")
 
     def outcome(self, status: Any, has_solution: bool, unknown_message: str) -> str:
         """The status a result reports for the solver's ``status``; an unmapped status raises

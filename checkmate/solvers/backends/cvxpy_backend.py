@@ -67,7 +67,9 @@ class CvxpyBackend(Backend):
         return {cp.OPTIMAL: OPTIMAL, cp.OPTIMAL_INACCURATE: OPTIMAL, cp.USER_LIMIT: FEASIBLE,
                 cp.INFEASIBLE: INFEASIBLE, cp.INFEASIBLE_INACCURATE: INFEASIBLE, infeasible_or_unbounded: INFEASIBLE}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None):
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
+              **optional):
+        self.refuse_unsupported(**optional)
         import cvxpy as cp
 
         A = model.A.tocsc()

@@ -75,7 +75,9 @@ class GurobiBackend(Backend):
         return {GRB.OPTIMAL: OPTIMAL, GRB.INFEASIBLE: INFEASIBLE, GRB.INF_OR_UNBD: INFEASIBLE,
                 **{status: FEASIBLE for status in stopped}}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None):
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
+              **optional):
+        self.refuse_unsupported(**optional)
         import gurobipy as gp
         from gurobipy import GRB
 

@@ -20,6 +20,11 @@ __all__ = ["HighsBackend"]
 # synthetic SegNet at 1.1x its minimum budget takes 28-38 s over three seeds instead of 60-106 s;
 # the other benchmark graphs within +-10%.
 _MIP_DEFAULTS = {"mip_heuristic_effort": 0.3}
+# A cutoff marks a yes/no question asked under a time limit (is there a schedule at or below it?), and
+# HiGHS' MIP presolve does not watch the time limit: on the larger layer graphs it ran for minutes
+# (SegNet at 416x608, 73,000 columns: over two minutes past a 40 s limit); without it the limit holds
+# to a second.
+_CUTOFF_OPTIONS = {"presolve": "off"}
 
 
 class HighsBackend(Backend):
@@ -27,6 +32,10 @@ class HighsBackend(Backend):
     label = "highs"
     mip_capable = True
     supports_mip_start = True
+    supports_stop = True
+    reports_bounds = True
+    supports_cutoff = True
+    takes_solver_options = True
 
     def check_available(self) -> None:
         require_package("highspy", "highspy", self.name)
@@ -42,23 +51,28 @@ class HighsBackend(Backend):
                 **{status: FEASIBLE for status in stopped}}
 
     def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
-              extra_options=None, stop=None, on_bounds=None):
-        """As :meth:`Backend.solve`; ``stop`` (a callable) is polled whenever branch and bound lets HiGHS
-        be interrupted, and the solve stops (status feasible or no_solution) once it returns True;
-        ``on_bounds(best, bound)`` is called from there too, with the incumbent's objective and the
-        proven bound in the model's units (infinite while unknown)."""
+              cutoff=None, target=None, stop=None, on_bounds=None, solver_options=None):
+        """As :meth:`Backend.solve`. ``stop`` and ``on_bounds`` act from HiGHS' branch-and-bound
+        interrupt callback, the only place where HiGHS can be stopped. ``cutoff`` and ``target`` are
+        HiGHS' ``objective_bound`` and ``objective_target``; with a cutoff, MIP presolve is off (see
+        ``_CUTOFF_OPTIONS``). ``solver_options`` are HiGHS options by name."""
+        options = dict(solver_options or {})
+        if cutoff is not None:
+            options = {**_CUTOFF_OPTIONS, "objective_bound": float(cutoff), **options}
+        if target is not None:
+            options = {"objective_target": float(target), **options}
         # one solve at a time per process: a solve told to stop from another thread (a race) may run
         # on to its next callback, and HiGHS' task scheduler is shared by the process
         with _ONE_SOLVE_AT_A_TIME:
-            return self._solve_once(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options,
+            return self._solve_once(model, time_limit_s, mip_gap, threads, verbose, mip_start, options or None,
                                     stop, on_bounds)
 
-    def _solve_once(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop,
+    def _solve_once(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, solver_options, stop,
                     on_bounds):
         began = time.perf_counter()
         if on_bounds is not None or stop is not None:
             stop = _with_bounds(stop, on_bounds)
-        result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop)
+        result = self._solve(model, time_limit_s, mip_gap, threads, verbose, mip_start, solver_options, stop)
         if mip_start is not None and result.x is not None and result.objective is not None:
             # HiGHS 1.16 can report the optimum of its presolved model yet hand back the MIP start
             # after postsolve. Trust only what the returned vector achieves; when it falls short of
@@ -67,13 +81,13 @@ class HighsBackend(Backend):
             if achieved > result.objective + 1e-6 * max(1.0, abs(result.objective)):
                 left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - began)
                 if left is None or left > 0.05:
-                    retry = self._solve(model, left, mip_gap, threads, verbose, None, extra_options, stop)
+                    retry = self._solve(model, left, mip_gap, threads, verbose, None, solver_options, stop)
                     if retry.x is not None:
                         return retry
                 result.objective = achieved
         return result
 
-    def _solve(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, extra_options, stop):
+    def _solve(self, model, time_limit_s, mip_gap, threads, verbose, mip_start, solver_options, stop):
         import highspy
 
         inf = highspy.kHighsInf
@@ -92,7 +106,7 @@ class HighsBackend(Backend):
             h.setOptionValue("mip_abs_gap", float(model.proof_abs_gap))
         _use_threads(highspy, h, threads)
         options = dict(_MIP_DEFAULTS) if model.integer.any() else {}
-        options.update(extra_options or {})
+        options.update(solver_options or {})
         for key, value in options.items():
             if h.setOptionValue(key, value) != highspy.HighsStatus.kOk:
                 raise SolverError(f"HiGHS rejected option {key}={value!r}")

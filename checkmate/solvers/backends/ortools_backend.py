@@ -48,7 +48,9 @@ class CpSatBackend(Backend):
         return {cp_model.OPTIMAL: OPTIMAL, cp_model.FEASIBLE: FEASIBLE, cp_model.INFEASIBLE: INFEASIBLE,
                 cp_model.UNKNOWN: NO_SOLUTION}
 
-    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None):
+    def solve(self, model, *, time_limit_s=None, mip_gap=PROVEN_MIP_GAP, threads=None, verbose=False, mip_start=None,
+              **optional):
+        self.refuse_unsupported(**optional)
         from ortools.sat.python import cp_model
 
         if not model.integer.any():

@@ -1,0 +1,184 @@
+"""From relaxed or rough schedules to good replayed ones: rounding the LP relaxation, repairing a
+rounding that overshoots the budget, and a local search that trades recomputations for holds.
+
+Every schedule here is rebuilt from S (:func:`~checkmate.solvers.candidates.schedule_from_retain`)
+and replayed; nothing is scaled or trusted from a solver.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from checkmate.bounds import prune_unused_holds
+from checkmate.schedule import Schedule, minimal_recompute
+from checkmate.simulate import simulate
+from checkmate.solvers.candidates import Candidate, evaluate, forced_retention, schedule_from_retain
+
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.graph import Graph
+    from checkmate.solvers.formulation import CheckmateFormulation
+
+__all__ = ["round_relaxation", "repair_to_budget", "improve_by_holding"]
+
+# Random roundings tried after the threshold sweep.
+RANDOM_ROUNDINGS = 64
+
+
+def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
+                     deadline: float | None = None) -> Candidate | None:
+    """Greedily drop holds until the replayed peak fits, or give up (None).
+
+    At each step the schedule's peak moment is inspected; for every value held on entry to that stage
+    (and not forced), dropping the hold from that stage until the value is next recomputed is tried,
+    and the drop with the least added cost per byte of peak removed is kept.
+    """
+    forced = forced_retention(graph)
+    current = evaluate(graph, schedule, "repair")
+    if current is None:
+        return None
+    n = graph.n
+    while current.peak_bytes > budget_bytes:
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
+        t = simulate(graph, current.schedule).peak_step.stage
+        S = current.schedule.retain
+        best, best_score = None, math.inf
+        for i in np.flatnonzero(S[t] & ~forced[t]):
+            S2 = np.array(S)
+            end = t
+            while end < n and S2[end, i]:
+                S2[end, i] = False
+                end += 1
+            cand = evaluate(graph, schedule_from_retain(graph, S2), "repair")
+            if cand is None or cand.peak_bytes >= current.peak_bytes:
+                continue
+            score = (cand.cost - current.cost) / (current.peak_bytes - cand.peak_bytes)
+            if score < best_score:
+                best, best_score = cand, score
+        if best is None:
+            return None
+        current = best
+    return current
+
+
+@dataclass(frozen=True)
+class _Matrices:
+    """An (R, S) pair that the simulator replays without building a plan first."""
+
+    recompute: np.ndarray
+    retain: np.ndarray
+
+
+def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, *,
+                       deadline: float | None = None, stop=None) -> Candidate:
+    """Local search: replace recomputations by holds while the replayed peak still fits.
+
+    A move takes one recomputation ``R[t, i]`` (``i < t``) and holds ``i`` instead, from the last
+    stage before ``t`` in which it is resident up to ``t``; the schedule is rebuilt from S (minimal R,
+    useless holds pruned) and replayed. Each round applies the move that lowers the cost most, until
+    no move fits or the deadline passes. Rounded LP solutions and baselines at tight budgets
+    recompute far more than needed; this gives the MILP a much lower cutoff to start from.
+
+    A move's cost needs only its minimal R; the replay, which dominates the work, runs on the moves
+    in increasing order of cost and stops at the first that fits, so a round replays few of them.
+    ``stop`` (a callable), when given, ends the search as soon as it returns True (polled between moves).
+    """
+    current = candidate
+
+    def over() -> bool:
+        return (deadline is not None and time.perf_counter() > deadline) or (stop is not None and stop())
+
+    forced = forced_retention(graph)
+    cost = graph.cost
+
+    def moved(R, S, t, i):
+        """(R, S) after holding ``i`` instead of recomputing it in stage ``t``."""
+        s = t - 1
+        while s > i and not (R[s, i] or S[s, i]):
+            s -= 1
+        S2 = np.array(S)
+        S2[s + 1:t + 1, i] = True
+        S2 = prune_unused_holds(graph, S2 | forced)
+        return minimal_recompute(graph, S2), S2
+
+    while not over():
+        R, S = current.schedule.recompute, current.schedule.retain
+        tt, ii = np.nonzero(np.tril(R, -1))
+        cheaper = current.cost - 1e-12 * abs(current.cost)
+        # (cost, t, i) of each move that lowers the cost; the matrices are rebuilt for the few replayed
+        # (keeping them all would take n^2 bytes per move on large graphs)
+        moves = []
+        for t, i in zip(tt.tolist(), ii.tolist()):
+            if over():
+                break
+            R2, _ = moved(R, S, t, i)
+            move_cost = float(cost[np.nonzero(R2)[1]].sum())
+            if move_cost < cheaper:
+                moves.append((move_cost, len(moves), t, i))
+        best = None
+        for _, _, t, i in sorted(moves):
+            if over():
+                break
+            R2, S2 = moved(R, S, t, i)
+            sim = simulate(graph, _Matrices(R2, S2))
+            if sim.valid and sim.peak_memory_bytes <= budget_bytes and sim.compute_cost < cheaper:
+                best = Candidate(Schedule.from_matrices(graph, R2, S2), sim.compute_cost, sim.peak_memory_bytes,
+                                  current.source)
+                break
+        if best is None:
+            break
+        current = best
+    if current is not candidate:
+        current = Candidate(current.schedule, current.cost, current.peak_bytes, candidate.source + ", improved")
+    return current
+
+
+def round_relaxation(graph: "Graph", form: CheckmateFormulation, x: np.ndarray, budget_bytes: int, *,
+                     seed: int = 0, samples: int = RANDOM_ROUNDINGS, repairs: int = 3,
+                     deadline: float | None = None) -> list[Candidate]:
+    """Round the relaxed S: a deterministic sweep over thresholds, then randomized rounding.
+
+    Each rounded S becomes a schedule (forced holds added, useless ones pruned, minimal R); those whose
+    replayed peak fits the budget are returned. If none fits, the ``repairs`` roundings that overshoot
+    least are repaired by :func:`repair_to_budget` (still replayed: nothing is scaled or fudged).
+    """
+    S_frac = form.retain_values(x)
+    lower = np.tri(graph.n, k=-1, dtype=bool)
+    values = np.unique(S_frac[lower & (S_frac > 1e-6)])
+    thresholds = np.unique(np.r_[values, np.linspace(0.05, 1.0, 20)])
+    if thresholds.size > 60:   # keep the sweep short on big graphs: quantiles of the fractional values
+        thresholds = np.unique(np.quantile(thresholds, np.linspace(0, 1, 60)))
+    out: list[Candidate] = []
+    over: list[Candidate] = []
+    seen: set[bytes] = set()
+
+    def consider(S: np.ndarray, source: str) -> None:
+        key = np.packbits(S).tobytes()
+        if key in seen:
+            return
+        seen.add(key)
+        cand = evaluate(graph, schedule_from_retain(graph, S), source)
+        if cand is None:
+            return
+        (out if cand.peak_bytes <= budget_bytes else over).append(cand)
+
+    for tau in thresholds:
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        consider(lower & (S_frac >= tau - 1e-9), f"threshold {tau:.3f}")
+    rng = np.random.default_rng(seed)
+    for s in range(samples):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
+        consider(lower & (rng.random(S_frac.shape) < S_frac), f"random #{s}")
+    if not out:
+        for cand in sorted(over, key=lambda c: (c.peak_bytes, c.cost))[:repairs]:
+            fixed = repair_to_budget(graph, cand.schedule, budget_bytes, deadline=deadline)
+            if fixed is not None:
+                out.append(Candidate(fixed.schedule, fixed.cost, fixed.peak_bytes, cand.source + ", repaired"))
+    return out
