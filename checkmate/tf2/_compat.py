@@ -75,3 +75,21 @@ def sync_devices() -> None:
     sync = getattr(getattr(tf.test, "experimental", None), "sync_devices", None)
     if sync is not None and tf.config.list_logical_devices("GPU"):
         sync()
+
+
+# --- Keras training state (RematModel) --------------------------------------------------------------
+
+def keras_loss_tracker(model: object):
+    """The ``Mean`` metric that ``fit`` reports as ``"loss"`` for a compiled model (Keras 3.15:
+    ``Trainer._loss_tracker``, created by ``compile``; a custom ``train_step`` that updates it gets
+    Keras' own reset and reporting)."""
+    return model._loss_tracker
+
+
+def has_compiled_metrics(model: object) -> bool:
+    """Whether ``compile`` was given metrics or weighted metrics (Keras 3.15: ``Trainer._compile_metrics``,
+    a ``CompileMetrics`` holding ``_user_metrics`` and ``_user_weighted_metrics``; it exists, empty,
+    whenever ``compile`` ran, so only the user's lists say whether there is anything to compute)."""
+    metrics = getattr(model, "_compile_metrics", None)
+    return metrics is not None and bool(getattr(metrics, "_user_metrics", None) or
+                                        getattr(metrics, "_user_weighted_metrics", None))

@@ -1,6 +1,6 @@
 """``RematModel``: a ``keras.Model`` whose ``fit`` trains with a compiled rematerializing step.
 
-Two ways in. The Keras-native one wraps a model and is compiled like any Keras model::
+It wraps a model and is compiled like any Keras model::
 
     trainer = checkmate.tf2.RematModel(model, budget="60%", strategy="checkmate_milp")
     trainer.compile(optimizer, loss, metrics=["accuracy"])
@@ -10,8 +10,11 @@ It lowers and solves the step at the first training batch (its batch size, per r
 ``tf.distribute`` strategy, is the compiled one), with sample weights as an input of the step; a
 batch of another size is padded or gets a schedule of its own (``partial_batches``). Its train
 function takes each batch eagerly to make that choice before the step is traced.
-:meth:`checkmate.tf2.step.CompiledStep.keras_model` wraps an already compiled step instead (fixed
-batch size, no sample weights).
+
+:class:`CompiledStepModel` (:meth:`checkmate.tf2.step.CompiledStep.keras_model`) wraps an already
+compiled step instead (fixed batch size, no sample weights).
+
+Keras' private attributes are reached through :mod:`checkmate.tf2._compat` only.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from checkmate.tf2.lowering.trace import _resolve_loss, distribution_strategy, w
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["RematModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "BATCH_STATISTICS_LAYERS",
+__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "BATCH_STATISTICS_LAYERS",
            "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
@@ -139,12 +142,11 @@ def _spec(t: Any, batch: int) -> tf.TensorSpec:
 class RematModel(keras.Model):
     """A ``keras.Model`` that trains ``model`` with a rematerializing step.
 
-    ``RematModel(model, budget=..., strategy=..., **options)`` is the Keras-native form: ``compile``
-    takes an optimizer, a loss (any ``keras.Model.compile`` loss) and metrics as in Keras, and the
-    first training batch compiles the step (:func:`checkmate.tf2.compile` with ``budget``,
-    ``strategy`` and ``options``) for that batch size. It shares the model's layers and variables:
-    ``fit`` trains the original model. Inference (``predict``, ``__call__``, ``evaluate``,
-    ``export``) runs the model unchanged.
+    ``RematModel(model, budget=..., strategy=..., **options)``: ``compile`` takes an optimizer, a loss
+    (any ``keras.Model.compile`` loss) and metrics as in Keras, and the first training batch compiles
+    the step (:func:`checkmate.tf2.compile` with ``budget``, ``strategy`` and ``options``) for that
+    batch size. It shares the model's layers and variables: ``fit`` trains the original model.
+    Inference (``predict``, ``__call__``, ``evaluate``, ``export``) runs the model unchanged.
 
     - Sample weights and ``class_weight`` are honoured (an input of the compiled step).
     - A smaller batch (the last one of an epoch) is trained exactly as Keras trains it.
@@ -161,77 +163,66 @@ class RematModel(keras.Model):
     - Training metrics are computed as in Keras, from the training forward pass's predictions: with
       metrics compiled, the step is compiled with ``predictions=True`` and returns the model's output
       (planned as a step output, resident to the end of the step). Validation metrics are Keras' own.
-      The compiled-step form does the same for a step compiled with ``predictions=True``, else
-      computes them from an inference-mode forward pass after the update.
     - ``save``/``keras.saving.load_model``: the file holds the model, the options and the compile
       arguments; loading gives back a ``RematModel`` that compiles its step again at its first
       training batch (a schedule depends on the device and its budget). ``save_weights`` and
       ``load_weights`` work on the model's weights.
-
-    ``RematModel(step)`` (what :meth:`~checkmate.tf2.step.CompiledStep.keras_model` returns) wraps an
-    already compiled step: the loss and optimizer are the step's, batches must have its size, and
-    sample weights are refused.
-
     - ``tf.distribute``: built and compiled inside ``MirroredStrategy.scope()`` (or
       ``MultiWorkerMirroredStrategy``'s), ``fit`` compiles the step for the per-replica batch (the
       global batch divided by the replicas), every replica runs it on its share of each batch, and
       the optimizer sums the replicas' gradients and applies them once, as Keras' ``fit`` does.
       Other strategies are refused by name.
 
+    ``RematModel(step)`` with a :class:`~checkmate.tf2.step.CompiledStep` builds a
+    :class:`CompiledStepModel` (what :meth:`~checkmate.tf2.step.CompiledStep.keras_model` returns).
+
     A model that overrides ``train_step`` is refused (:func:`check_no_custom_train_step`).
     """
 
+    def __new__(cls, model: Any = None, *args: Any, **kwargs: Any):
+        # RematModel(step) has always wrapped an already compiled step: that is a class of its own,
+        # picked here so that the public constructor keeps both forms.
+        if cls is RematModel and _is_compiled_step(model):
+            cls = CompiledStepModel
+        return super().__new__(cls, model, *args, **kwargs)
+
     def __init__(self, model: Any = None, *, budget: Any = "auto", strategy: str | None = None,
                  compile_options: dict | None = None, partial_batches: str = "auto", **kwargs: Any):
-        from checkmate.tf2.step import CompiledStep
-
-        step = model if isinstance(model, CompiledStep) else None
-        inner = step.model if step is not None else model
-        if inner is None:
+        if model is None:
             raise InvalidArgumentError("RematModel needs a Keras model (or a compiled step)")
-        check_no_custom_train_step(inner)
+        if _is_compiled_step(model):
+            raise InvalidArgumentError("RematModel wraps a Keras model; a compiled step is wrapped by "
+                                       "CompiledStep.keras_model() (CompiledStepModel)")
+        check_no_custom_train_step(model)
         if partial_batches not in PARTIAL_BATCHES:
             raise InvalidArgumentError(f"partial_batches={partial_batches!r}: expected one of {', '.join(PARTIAL_BATCHES)}")
-        distribution_strategy(inner)
-        kwargs.setdefault("name", f"{getattr(inner, 'name', 'model')}_checkmate")
+        distribution_strategy(model)
+        kwargs.setdefault("name", f"{getattr(model, 'name', 'model')}_checkmate")
         super().__init__(**kwargs)
-        self.step = step
-        self.inner = inner
-        self.native = step is None
+        self.inner = model
         self.budget = budget
         self.strategy = strategy
         self.compile_options = dict(compile_options or {})
         self.partial_batches = partial_batches
         self._steps: dict = {}
         self._main_batch: int | None = None
-        if not self.native:
-            self.loss_tracker = keras.metrics.Mean(name="loss")
-        if getattr(inner, "built", False):
+        if getattr(model, "built", False):
             # shares the built model's variables: save_weights and summary need no call first
             self.built = True
 
     # ------------------------------------------------------------------------------ Keras protocol
     def get_config(self) -> dict:
-        budget = self.budget if self.native else int(self.step.predicted.budget_bytes)
-        strategy = self.strategy if self.native else self.step.strategy
-        return {"name": self.name, "model": keras.saving.serialize_keras_object(self.inner), "budget": budget,
-                "strategy": strategy, "compile_options": dict(self.compile_options),
+        return {"name": self.name, "model": keras.saving.serialize_keras_object(self.inner), "budget": self.budget,
+                "strategy": self.strategy, "compile_options": dict(self.compile_options),
                 "partial_batches": self.partial_batches}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects: Any = None) -> "RematModel":
         config = dict(config)
         model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
-        return cls(model, **config)
-
-    @property
-    def metrics(self):
-        if self.native:
-            return super().metrics
-        # The documented Keras idiom for a custom train_step: fit and evaluate report (and reset
-        # each epoch) the metrics listed here. Keras' own loss tracker (also named "loss") is left
-        # out: the steps below update this one.
-        return [self.loss_tracker] + [m for m in super().metrics if m.name != "loss"]
+        # always the model form: a saved compiled-step wrapper comes back as a RematModel that
+        # compiles its step again for the budget and strategy it was saved with
+        return RematModel(model, **config)
 
     def call(self, inputs, training=False):
         return self.inner(inputs, training=training)
@@ -243,31 +234,13 @@ class RematModel(keras.Model):
     def compile(self, optimizer: Any = None, loss: Any = None, **kwargs: Any):
         # XLA would re-schedule the step and undo the plan's order.
         kwargs["jit_compile"] = False
-        if self.native:
-            if kwargs.get("loss_weights") is not None:
-                # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
-                raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
-                                           "losses themselves")
-            self._steps = {}
-            self._main_batch = None
-            return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
-                                   **kwargs)
-        inner_optimizer = getattr(self.step.optimizer, "inner_optimizer", None)
-        if optimizer is not None and optimizer is not self.step.optimizer and optimizer is not inner_optimizer:
-            raise InvalidArgumentError("RematModel trains with the optimizer given to checkmate.tf2.compile; "
-                                       "pass that one (or none) to compile()")
-        kwargs["optimizer"] = self.step.optimizer
-        kwargs["auto_scale_loss"] = False   # the step's optimizer is the one its gradients were traced for
-        if loss is not None and loss is not self.step.loss and loss != self.step.loss:
-            raise InvalidArgumentError("RematModel trains and evaluates with the loss given to "
-                                       "checkmate.tf2.compile; pass that one (or none) to compile()")
-        for option in ("loss_weights", "weighted_metrics"):
-            if kwargs.get(option) is not None:
-                raise InvalidArgumentError(f"RematModel.compile does not support {option}")
-        return super().compile(**kwargs)
-
-    def get_compile_config(self) -> dict | None:
-        return super().get_compile_config()
+        if kwargs.get("loss_weights") is not None:
+            # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
+            raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
+                                       "losses themselves")
+        self._steps = {}
+        self._main_batch = None
+        return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss, **kwargs)
 
     def compile_from_config(self, config: dict) -> None:
         # Keras calls this (not compile()) when it loads a model whose compile() is its own
@@ -279,10 +252,8 @@ class RematModel(keras.Model):
 
     # ------------------------------------------------------------------------------ the step
     def compiled_step(self, x: Any = None, y: Any = None) -> "CompiledStep":
-        """The compiled step (native form: the one compiled for the first training batch, or for the
-        batch ``(x, y)`` if none is compiled yet; under a strategy, ``(x, y)`` is one replica's batch)."""
-        if not self.native:
-            return self.step
+        """The step compiled for the first training batch, or for the batch ``(x, y)`` if none is
+        compiled yet (under a strategy, ``(x, y)`` is one replica's batch)."""
         if self._main_batch is None:
             if x is None:
                 raise InvalidArgumentError("no step compiled yet: it is compiled at the first training batch")
@@ -291,7 +262,7 @@ class RematModel(keras.Model):
 
     @property
     def compiled_steps(self) -> dict:
-        """Native form: the steps compiled so far, by the batch size (per replica) they were planned for."""
+        """The steps compiled so far, by the batch size (per replica) they were planned for."""
         return dict(self._steps)
 
     def _add_step(self, x: Any, y: Any) -> "CompiledStep":
@@ -312,13 +283,13 @@ class RematModel(keras.Model):
     def _compile_step(self, x: Any, y: Any, batch: int) -> "CompiledStep":
         from checkmate.tf2.step import compile as compile_step
 
-        if getattr(self, "optimizer", None) is None or getattr(self, "_compile_loss", None) is None:
+        if getattr(self, "optimizer", None) is None or self.loss is None:
             raise InvalidArgumentError("compile the RematModel with an optimizer and a loss before fit()")
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), tf.TensorSpec((batch,), tf.float32))
         options = dict(self.compile_options)
         # training metrics are computed as Keras does, from the training forward pass's predictions
-        options.setdefault("predictions", self._has_compiled_metrics())
+        options.setdefault("predictions", _compat.has_compiled_metrics(self))
         if self.strategy is not None:
             options["strategy"] = self.strategy
         strategy = self._replicated_strategy()
@@ -326,7 +297,7 @@ class RematModel(keras.Model):
                   f" per replica ({strategy.num_replicas_in_sync} replicas)" if strategy is not None else "")
         # the lowering traces one replica's step under the model's strategy (see distribution_strategy)
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            return compile_step(self.inner, weighted_loss(self._loss_argument, self.inner), self.optimizer,
+            return compile_step(self.inner, weighted_loss(self.loss, self.inner), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
 
     def _replicated_strategy(self) -> Any:
@@ -335,10 +306,6 @@ class RematModel(keras.Model):
         if isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
             return strategy
         return None
-
-    @property
-    def _loss_argument(self):
-        return self._compile_config.config["loss"] if getattr(self, "_compile_config", None) else None
 
     def _replica_batches(self, data: Any) -> list[tuple[int, Any, Any]]:
         """``(rows, x, y)`` of each local replica's part of one batch as ``fit`` hands it to the train
@@ -364,8 +331,6 @@ class RematModel(keras.Model):
     def _ensure_steps(self, data: Any) -> None:
         """Compile, before the train function runs on it, a step for each replica batch size of this
         batch that no compiled step serves (see :meth:`_step_for`)."""
-        if not self.native:
-            return
         for rows, x, y in self._replica_batches(data):
             if rows is not None and self._step_for(rows) is None:
                 self._add_step(tf.nest.map_structure(tf.convert_to_tensor, x),
@@ -392,47 +357,16 @@ class RematModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        metrics = self._has_compiled_metrics()
-        if self.native:
-            # the step was compiled with predictions when metrics were compiled (compile() drops steps)
-            loss, rows, pred = self._native_step(x, y, sample_weight)
-            self._loss_tracker.update_state(_unscaled(loss), sample_weight=rows)
-            if not metrics:
-                return self.get_metrics_result()
-            return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
-        if sample_weight is not None:
-            raise InvalidArgumentError("a step from checkmate.tf2.compile does not take sample weights: "
-                                       "use RematModel(model, budget=...) and compile() it")
-        batch = int(self.step.input_specs[0].shape[0])
-        message = (f"this batch's shape differs from the compiled one: the step was compiled for batches of {batch}"
-                   f"{' per replica' if self.step.replicas > 1 else ''}; batch the data with drop_remainder=True, "
-                   "or use RematModel(model, budget=...), which trains a short batch as well")
-        static = _batch_size(x)
-        if static is not None and static != batch:
-            raise InvalidArgumentError(f"{message} (this one has {static} rows)")
-        flat = self.step.function.flat_args(x, y, per_replica=True)
-        if flat[0].shape[0] != batch:
-            # a batch of unknown size: checked as it runs
-            check = tf.debugging.assert_equal(tf.shape(flat[0])[0], batch, message=message)
-            with tf.control_dependencies([check]):
-                flat = [tf.identity(t) for t in flat]
-        flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, self.step.input_specs)]
-        loss, pred = _run_step(self.step, flat)
-        self.loss_tracker.update_state(_unscaled(loss))
-        if metrics:
-            if pred is None:
-                # a step compiled without predictions=True: a forward pass of the batch in inference
-                # mode, after its update
-                pred = self.inner(x, training=False)
-            self.compute_metrics(x, y, pred)
-        return {m.name: m.result() for m in self.metrics}
+        # the step was compiled with predictions when metrics were compiled (compile() drops steps)
+        loss, rows, pred = self._run_padded(x, y, sample_weight)
+        _compat.keras_loss_tracker(self).update_state(_unscaled(loss), sample_weight=rows)
+        if not _compat.has_compiled_metrics(self):
+            return self.get_metrics_result()
+        return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
 
-    def _has_compiled_metrics(self) -> bool:
-        metrics = getattr(self, "_compile_metrics", None)
-        return metrics is not None and bool(getattr(metrics, "_user_metrics", None) or
-                                            getattr(metrics, "_user_weighted_metrics", None))
-
-    def _native_step(self, x, y, sample_weight):
+    def _run_padded(self, x, y, sample_weight):
+        """One optimizer step on a replica batch with the step that serves its size (padded to it
+        when smaller): its loss, its rows and the training forward pass's predictions of its rows."""
         static = tf.nest.flatten(x)[0].shape[0]
         step = self._step_for(static)
         if step is None:
@@ -500,13 +434,100 @@ class RematModel(keras.Model):
         self.train_function = train_function
         return self.train_function
 
+
+def _is_compiled_step(value: Any) -> bool:
+    from checkmate.tf2.step import CompiledStep
+
+    return isinstance(value, CompiledStep)
+
+
+@keras.saving.register_keras_serializable(package="checkmate")
+class CompiledStepModel(RematModel):
+    """A ``keras.Model`` whose ``fit`` trains with one already compiled step
+    (:meth:`checkmate.tf2.step.CompiledStep.keras_model`, or ``RematModel(step)``).
+
+    The loss and optimizer are the step's, batches must have its (global) batch size, and sample
+    weights are refused. Training metrics come from the training forward pass for a step compiled with
+    ``predictions=True``, else from an inference-mode forward pass after the update. Saved and loaded,
+    it comes back as a :class:`RematModel` for the step's budget in bytes and its strategy.
+    """
+
+    def __init__(self, step: Any = None, **kwargs: Any):
+        if not _is_compiled_step(step):
+            raise InvalidArgumentError("CompiledStepModel wraps a step from checkmate.tf2.compile")
+        super().__init__(step.model, budget=int(step.predicted.budget_bytes), strategy=step.strategy, **kwargs)
+        self.step = step
+        # its own loss tracker: the documented Keras idiom for a custom train_step
+        self.loss_tracker = keras.metrics.Mean(name="loss")
+        self._adopt_step()
+
+    def _adopt_step(self) -> None:
+        # the one step serves batches of its size; nothing else is ever compiled
+        batch = int(self.step.input_specs[0].shape[0])
+        self._steps = {batch: self.step}
+        self._main_batch = batch
+
+    @property
+    def metrics(self):
+        # fit and evaluate report (and reset each epoch) the metrics listed here. Keras' own loss
+        # tracker (also named "loss") is left out: the steps below update this one.
+        return [self.loss_tracker] + [m for m in super().metrics if m.name != "loss"]
+
+    def compile(self, optimizer: Any = None, loss: Any = None, **kwargs: Any):
+        inner_optimizer = getattr(self.step.optimizer, "inner_optimizer", None)
+        if optimizer is not None and optimizer is not self.step.optimizer and optimizer is not inner_optimizer:
+            raise InvalidArgumentError("RematModel trains with the optimizer given to checkmate.tf2.compile; "
+                                       "pass that one (or none) to compile()")
+        if loss is not None and loss is not self.step.loss and loss != self.step.loss:
+            raise InvalidArgumentError("RematModel trains and evaluates with the loss given to "
+                                       "checkmate.tf2.compile; pass that one (or none) to compile()")
+        for option in ("loss_weights", "weighted_metrics"):
+            if kwargs.get(option) is not None:
+                raise InvalidArgumentError(f"RematModel.compile does not support {option}")
+        kwargs["jit_compile"] = False    # XLA would re-schedule the step and undo the plan's order
+        kwargs["auto_scale_loss"] = False   # the step's optimizer is the one its gradients were traced for
+        # Keras' own compile: RematModel.compile would drop the step
+        result = keras.Model.compile(self, optimizer=self.step.optimizer, **kwargs)
+        self._adopt_step()
+        return result
+
+    def _ensure_steps(self, data: Any) -> None:
+        # one step, one batch size: another size is refused in train_step, naming the compiled one
+        return None
+
+    def train_step(self, data):
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+        if sample_weight is not None:
+            raise InvalidArgumentError("a step from checkmate.tf2.compile does not take sample weights: "
+                                       "use RematModel(model, budget=...) and compile() it")
+        batch = int(self.step.input_specs[0].shape[0])
+        message = (f"this batch's shape differs from the compiled one: the step was compiled for batches of {batch}"
+                   f"{' per replica' if self.step.replicas > 1 else ''}; batch the data with drop_remainder=True, "
+                   "or use RematModel(model, budget=...), which trains a short batch as well")
+        static = _batch_size(x)
+        if static is not None and static != batch:
+            raise InvalidArgumentError(f"{message} (this one has {static} rows)")
+        flat = self.step.function.flat_args(x, y, per_replica=True)
+        if flat[0].shape[0] != batch:
+            # a batch of unknown size: checked as it runs
+            check = tf.debugging.assert_equal(tf.shape(flat[0])[0], batch, message=message)
+            with tf.control_dependencies([check]):
+                flat = [tf.identity(t) for t in flat]
+        flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, self.step.input_specs)]
+        loss, pred = _run_step(self.step, flat)
+        self.loss_tracker.update_state(_unscaled(loss))
+        if _compat.has_compiled_metrics(self):
+            if pred is None:
+                # a step compiled without predictions=True: a forward pass of the batch in inference
+                # mode, after its update
+                pred = self.inner(x, training=False)
+            self.compute_metrics(x, y, pred)
+        return {m.name: m.result() for m in self.metrics}
+
     def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
-        """``keras.Model.fit``. Native form: the first batch compiles the step (per replica under a
-        strategy). Compiled-step form: with arrays, ``batch_size`` defaults to the compiled (global)
-        batch size, and a sample count that does not split into whole batches is refused before
-        training starts."""
-        if self.native:
-            return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
+        """``keras.Model.fit``. With arrays, ``batch_size`` defaults to the compiled (global) batch
+        size, and a sample count that does not split into whole batches is refused before training
+        starts."""
         batch = int(self.step.input_specs[0].shape[0]) * self.step.replicas
         first = tf.nest.flatten(x)[0] if x is not None else None
         shape = getattr(first, "shape", None)
@@ -525,8 +546,6 @@ class RematModel(keras.Model):
         return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
 
     def test_step(self, data):
-        if self.native:
-            return super().test_step(data)
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         if sample_weight is not None:
             raise InvalidArgumentError("evaluating the compiled step's loss does not take sample weights")

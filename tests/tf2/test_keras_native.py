@@ -202,6 +202,8 @@ def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_ba
     step = checkmate.tf2.compile(model, LOSS, keras.optimizers.SGD(0.05), tf.TensorSpec((BATCH, SIZE, SIZE, 3)),
                                  tf.TensorSpec((BATCH,), tf.int32), **OPTIONS)
     trainer = step.keras_model()
+    assert isinstance(trainer, checkmate.tf2.keras_model.CompiledStepModel)
+    assert type(checkmate.tf2.RematModel(step)) is checkmate.tf2.keras_model.CompiledStepModel
     trainer.compile(metrics=["accuracy"])
     history = trainer.fit(x, y, epochs=1, verbose=0).history
     assert set(history) == {"loss", "accuracy"}
@@ -209,7 +211,9 @@ def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_ba
     trainer.export(str(tmp_path / "exported"), verbose=False)
     trainer.save(str(tmp_path / "t.keras"))
     loaded = keras.saving.load_model(str(tmp_path / "t.keras"))
-    assert isinstance(loaded, checkmate.tf2.RematModel) and loaded.native
+    # it comes back as the model form, for the step's budget in bytes and its strategy
+    assert type(loaded) is checkmate.tf2.RematModel
+    assert loaded.budget == step.predicted.budget_bytes and loaded.strategy == step.strategy
     np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6)
     with pytest.raises(checkmate.errors.InvalidArgumentError, match="sample weights.*RematModel\\(model"):
         trainer.fit(x, y, sample_weight=np.ones(len(x)), epochs=1, verbose=0)
