@@ -28,9 +28,9 @@ import keras
 import tensorflow as tf
 
 from checkmate.errors import InvalidArgumentError
-from checkmate.tf2 import _compat
+from checkmate.tf2 import _compat, losses
 from checkmate.tf2.lowering import training_loss
-from checkmate.tf2.lowering.trace import _resolve_loss, distribution_strategy, walk_layers
+from checkmate.tf2.lowering.trace import distribution_strategy, walk_layers
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
@@ -64,52 +64,6 @@ def check_no_custom_train_step(model: Any) -> None:
             "rematerialized step is traced from the model's call() and the loss, so fit() would skip that "
             "logic. Express it in call(), the loss or add_loss(), or call a step from "
             "checkmate.tf2.compile(...) inside your own training loop or train_step")
-
-
-class _FunctionLoss(keras.losses.Loss):
-    """A per-sample loss function as a Keras ``Loss``, so that sample weights weigh and reduce it as
-    ``keras.Model.compile`` does for a function or a name such as ``"categorical_crossentropy"``."""
-
-    def __init__(self, fn: Any):
-        super().__init__(name=getattr(fn, "__name__", "loss"))
-        self.fn = fn
-
-    def call(self, y_true, y_pred):
-        return self.fn(y_true, y_pred)
-
-
-def _as_loss_object(fn: Any) -> Any:
-    fn = keras.losses.get(fn) if isinstance(fn, str) else fn
-    if isinstance(fn, keras.losses.Loss):
-        return fn
-    return _FunctionLoss(fn)
-
-
-def weighted_loss(loss: Any, model: Any):
-    """``loss`` as the step's loss of ``((y, sample_weight), pred)``: each output's loss weighs its
-    per-sample values and reduces them as Keras does (``sum(w * l) / size``)."""
-    weight: dict[str, Any] = {}
-
-    def entry(fn):
-        if fn is None:
-            return None
-        obj = _as_loss_object(fn)
-        return lambda y, pred: obj(y, pred, sample_weight=weight["w"])
-
-    if isinstance(loss, dict):
-        wrapped: Any = {k: entry(v) for k, v in loss.items()}
-    elif isinstance(loss, (list, tuple)):
-        wrapped = [entry(v) for v in loss]
-    else:
-        wrapped = entry(loss)
-    combined = _resolve_loss(wrapped, model)
-
-    def step_loss(target, pred):
-        y, w = target
-        weight["w"] = w
-        return combined(y, pred)
-
-    return step_loss
 
 
 def _batch_size(x: Any) -> int | None:
@@ -234,13 +188,22 @@ class RematModel(keras.Model):
     def compile(self, optimizer: Any = None, loss: Any = None, **kwargs: Any):
         # XLA would re-schedule the step and undo the plan's order.
         kwargs["jit_compile"] = False
+        if loss is None and optimizer is None and set(kwargs) <= {"jit_compile"}:
+            # a compiled model (a KerasHub task compiles itself) lends its own compile() arguments
+            kwargs = losses.compile_arguments_of(self.inner) or {}
+            loss, optimizer = kwargs.pop("loss", None), kwargs.pop("optimizer", None)
+            kwargs["jit_compile"] = False
         if kwargs.get("loss_weights") is not None:
             # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
             raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
                                        "losses themselves")
         self._steps = {}
         self._main_batch = None
-        return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss, **kwargs)
+        if getattr(self.inner, "output_names", None):
+            # Keras matches a dict of losses to the compiled model's output names
+            self.output_names = list(self.inner.output_names)
+        return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
+                               **kwargs)
 
     def compile_from_config(self, config: dict) -> None:
         # Keras calls this (not compile()) when it loads a model whose compile() is its own
@@ -265,7 +228,7 @@ class RematModel(keras.Model):
         """The steps compiled so far, by the batch size (per replica) they were planned for."""
         return dict(self._steps)
 
-    def _add_step(self, x: Any, y: Any) -> "CompiledStep":
+    def _add_step(self, x: Any, y: Any, sample_weight: Any = None) -> "CompiledStep":
         batch = _batch_size(x)
         if batch is None:
             raise InvalidArgumentError("the training batch has no static batch size to compile for")
@@ -274,19 +237,19 @@ class RematModel(keras.Model):
                       "larger than the first" if batch > self._main_batch else
                       f"partial_batches={self.partial_batches!r}" + (": the model has batch-statistics layers"
                                                                     if self.partial_batches == "auto" else ""))
-        step = self._compile_step(x, y, batch)
+        step = self._compile_step(x, y, batch, sample_weight)
         self._steps[batch] = step
         if self._main_batch is None:
             self._main_batch = batch
         return step
 
-    def _compile_step(self, x: Any, y: Any, batch: int) -> "CompiledStep":
+    def _compile_step(self, x: Any, y: Any, batch: int, sample_weight: Any = None) -> "CompiledStep":
         from checkmate.tf2.step import compile as compile_step
 
         if getattr(self, "optimizer", None) is None or self.loss is None:
             raise InvalidArgumentError("compile the RematModel with an optimizer and a loss before fit()")
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
-        label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), tf.TensorSpec((batch,), tf.float32))
+        label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), losses.weight_spec(sample_weight, batch))
         options = dict(self.compile_options)
         # training metrics are computed as Keras does, from the training forward pass's predictions
         options.setdefault("predictions", _compat.has_compiled_metrics(self))
@@ -297,7 +260,7 @@ class RematModel(keras.Model):
                   f" per replica ({strategy.num_replicas_in_sync} replicas)" if strategy is not None else "")
         # the lowering traces one replica's step under the model's strategy (see distribution_strategy)
         with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            return compile_step(self.inner, weighted_loss(self.loss, self.inner), self.optimizer,
+            return compile_step(self.inner, losses.step_loss(self), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
 
     def _replicated_strategy(self) -> Any:
@@ -307,10 +270,10 @@ class RematModel(keras.Model):
             return strategy
         return None
 
-    def _replica_batches(self, data: Any) -> list[tuple[int, Any, Any]]:
-        """``(rows, x, y)`` of each local replica's part of one batch as ``fit`` hands it to the train
+    def _replica_batches(self, data: Any) -> list[tuple[int, Any, Any, Any]]:
+        """``(rows, x, y, sample_weight)`` of each local replica's part of one batch as ``fit`` hands it to the train
         function (distributed values: one part per replica; plain tensors: every replica gets them all)."""
-        x, y, _ = keras.utils.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         strategy = self.distribute_strategy
 
         def parts(t):
@@ -325,16 +288,17 @@ class RematModel(keras.Model):
         for k in range(count):
             xk = tf.nest.map_structure(pick(k), x)
             yk = tf.nest.map_structure(pick(k), y)
-            out.append((_batch_size(xk), xk, yk))
+            wk = None if sample_weight is None else tf.nest.map_structure(pick(k), sample_weight)
+            out.append((_batch_size(xk), xk, yk, wk))
         return out
 
     def _ensure_steps(self, data: Any) -> None:
         """Compile, before the train function runs on it, a step for each replica batch size of this
         batch that no compiled step serves (see :meth:`_step_for`)."""
-        for rows, x, y in self._replica_batches(data):
+        for rows, x, y, w in self._replica_batches(data):
             if rows is not None and self._step_for(rows) is None:
                 self._add_step(tf.nest.map_structure(tf.convert_to_tensor, x),
-                               tf.nest.map_structure(tf.convert_to_tensor, y))
+                               tf.nest.map_structure(tf.convert_to_tensor, y), w)
 
     def _step_for(self, rows: int | None) -> "CompiledStep | None":
         """The step that trains a replica batch of ``rows``: the one compiled for it, else the main one
@@ -374,8 +338,7 @@ class RematModel(keras.Model):
                                        "train_on_batch(), which compile one")
         batch = int(step.input_specs[0].shape[0])
         rows = tf.shape(tf.nest.flatten(x)[0])[0]
-        weight = tf.ones((rows,), tf.float32) if sample_weight is None else tf.cast(
-            tf.reshape(sample_weight, (rows,)), tf.float32)
+        weight = losses.step_weights(sample_weight, rows)
         if static != batch:
             # A smaller batch served by a larger step: pad to the compiled size; padded rows weigh
             # nothing, and the real rows are weighted up so that sum(w * l) / batch is the short
@@ -389,13 +352,21 @@ class RematModel(keras.Model):
 
             x = tf.nest.map_structure(pad, x)
             y = tf.nest.map_structure(pad, y)
-            weight = pad(tf.math.divide_no_nan(weight * tf.cast(batch, tf.float32), tf.cast(rows, tf.float32)))
+            weight = tf.nest.map_structure(
+                lambda w: pad(tf.math.divide_no_nan(w * tf.cast(batch, tf.float32), tf.cast(rows, tf.float32))), weight)
         flat = step.function.flat_args(x, (y, weight), per_replica=True)
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, step.input_specs)]
         loss, pred = _run_step(step, flat)
         if pred is not None and static != batch:
             pred = tf.nest.map_structure(lambda t: t[:rows], pred)     # the padded rows' predictions dropped
         return loss, rows, pred
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
+        """``keras.Model.fit``; the first batch compiles the step (per replica under a strategy). An
+        uncompiled ``RematModel`` of a compiled model trains with that model's ``compile()`` arguments."""
+        if not self.compiled and losses.compile_arguments_of(self.inner) is not None:
+            self.compile()      # the wrapped model's own compile() arguments
+        return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
 
     def make_train_function(self, force: bool = False):
         """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,

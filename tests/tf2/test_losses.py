@@ -1,0 +1,174 @@
+"""RematModel computes its loss as keras.Model.fit does: per-token losses with no weights, per-token
+and per-sample weights, class weights, several outputs with a dict of losses and loss weights of
+Keras' own, dict inputs, a Keras mask on the predictions, and a compiled model's own compile()
+arguments. Every case compares the loss values of fit with plain Keras fit on a twin model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import checkmate  # noqa: E402
+from checkmate.tf2 import _compat, losses  # noqa: E402
+
+BATCH = 8
+STEPS = 12
+VOCAB = 40
+OPTIONS = dict(budget="100%", strategy="checkpoint_all")
+
+
+def token_model(seed: int = 0, mask: bool = False) -> keras.Model:
+    """A tiny per-token classifier with dict inputs (token ids and a padding mask)."""
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input((STEPS,), dtype="int32", name="token_ids")
+    pad = keras.Input((STEPS,), dtype="int32", name="padding_mask")
+    h = keras.layers.Embedding(VOCAB, 16, mask_zero=mask, name="embed")(ids)
+    if not mask:     # with mask_zero, the embedding's mask reaches the predictions through the Dense layers
+        gate = keras.layers.Reshape((STEPS, 1))(keras.ops.cast(pad, "float32"))
+        h = keras.layers.Multiply(name="gate")([h, gate])
+    h = keras.layers.Dense(24, activation="gelu", name="hidden")(h)
+    out = keras.layers.Dense(VOCAB, name="logits")(h)
+    return keras.Model({"token_ids": ids, "padding_mask": pad}, out, name="tokens")
+
+
+def token_data(n: int = 3 * BATCH, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(1, VOCAB, (n, STEPS)).astype("int32")
+    pad = np.ones((n, STEPS), "int32")
+    pad[:, STEPS - 3:] = 0
+    ids[:, STEPS - 3:] = 0
+    y = rng.integers(0, VOCAB, (n, STEPS)).astype("int32")
+    return {"token_ids": ids, "padding_mask": pad}, y
+
+
+LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def fit_both(build, compile_kwargs, plain_fit=None, **fit_kwargs):
+    """Per-batch losses of plain Keras fit and of RematModel fit, on twin models."""
+    model, other = build(), build()
+    other.set_weights(model.get_weights())
+    model.compile(**compile_kwargs(), jit_compile=False)
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    trainer.compile(**compile_kwargs())
+    seen: dict[str, list] = {"want": [], "got": []}
+
+    def recorder(key):
+        return keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen[key].append(logs["loss"]))
+
+    with _compat.grappler_disabled():
+        model.fit(epochs=1, shuffle=False, verbose=0, callbacks=[recorder("want")], **(plain_fit or fit_kwargs))
+    trainer.fit(epochs=1, shuffle=False, verbose=0, callbacks=[recorder("got")], **fit_kwargs)
+    return np.array(seen["want"]), np.array(seen["got"]), trainer
+
+
+def sgd_token_loss():
+    return dict(optimizer=keras.optimizers.SGD(0.5), loss=LOSS)
+
+
+def test_per_token_loss_without_weights_as_keras():
+    x, y = token_data()
+    want, got, trainer = fit_both(token_model, sgd_token_loss, x=x, y=y, batch_size=BATCH)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # the step's weight input is a row of ones, one per sample
+    assert trainer.compiled_step().input_specs[-1].shape == (BATCH,)
+
+
+def test_per_token_weights_as_keras():
+    x, y = token_data()
+    weights = x["padding_mask"].astype("float32") * np.linspace(0.5, 1.5, STEPS, dtype="float32")
+    want, got, trainer = fit_both(token_model, sgd_token_loss, x=x, y=y, batch_size=BATCH, sample_weight=weights)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert trainer.compiled_step().input_specs[-1].shape == (BATCH, STEPS)
+
+
+def test_per_sample_weights_weigh_every_token_of_a_row():
+    x, y = token_data()
+    weights = np.linspace(0.2, 2.0, len(y)).astype("float32")
+    # Keras itself needs the weight as (B, 1) to broadcast it over the tokens; RematModel takes (B,)
+    want, got, _ = fit_both(token_model, sgd_token_loss, x=x, y=y, batch_size=BATCH, sample_weight=weights,
+                            plain_fit=dict(x=x, y=y, batch_size=BATCH, sample_weight=weights[:, None]))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    unweighted, _, _ = fit_both(token_model, sgd_token_loss, x=x, y=y, batch_size=BATCH)
+    assert not np.allclose(got, unweighted, rtol=1e-3)      # the weights changed the loss
+
+
+def test_mask_on_the_predictions_as_keras():
+    x, y = token_data()
+    want, got, _ = fit_both(lambda: token_model(mask=True), sgd_token_loss, x=x, y=y, batch_size=BATCH)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    unmasked, _, _ = fit_both(token_model, sgd_token_loss, x=x, y=y, batch_size=BATCH)
+    assert not np.allclose(got, unmasked, rtol=1e-6)   # losses near log(VOCAB) at init: a small change
+
+
+def two_outputs(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10,))
+    h = keras.layers.Dense(32, activation="relu", name="trunk")(inputs)
+    cls = keras.layers.Dense(5, name="cls")(h)
+    reg = keras.layers.Dense(3, name="reg")(h)
+    return keras.Model(inputs, {"cls": cls, "reg": reg}, name="two")
+
+
+def test_several_outputs_dict_losses_loss_weights_and_class_weight_as_keras():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4 * BATCH, 10)).astype("float32")
+    y = {"cls": rng.integers(0, 5, (4 * BATCH,)).astype("int32"),
+         "reg": rng.standard_normal((4 * BATCH, 3)).astype("float32")}
+
+    def compiled():
+        return dict(optimizer=keras.optimizers.SGD(0.1),
+                    loss={"cls": keras.losses.SparseCategoricalCrossentropy(from_logits=True), "reg": "mse"})
+
+    want, got, trainer = fit_both(two_outputs, compiled, x=x, y=y, batch_size=BATCH)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+    weights = np.linspace(0.1, 3.0, len(x)).astype("float32")
+    want, got, _ = fit_both(two_outputs, compiled, x=x, y=y, batch_size=BATCH, sample_weight=weights)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def classifier(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((10,))
+    h = keras.layers.Dense(16, activation="relu")(inputs)
+    return keras.Model(inputs, keras.layers.Dense(4)(h), name="clf")
+
+
+def test_class_weight_as_keras():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3 * BATCH, 10)).astype("float32")
+    y = rng.integers(0, 4, (3 * BATCH, 1)).astype("int32")
+    want, got, _ = fit_both(classifier, lambda: dict(optimizer=keras.optimizers.SGD(0.1), loss=LOSS), x=x, y=y,
+                            batch_size=BATCH, class_weight={0: 0.5, 1: 1.0, 2: 2.0, 3: 4.0})
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_a_compiled_model_lends_its_compile_arguments():
+    x, y = token_data()
+    model, other = token_model(), token_model()
+    other.set_weights(model.get_weights())
+    for m in (model, other):
+        m.compile(keras.optimizers.SGD(0.5), LOSS, weighted_metrics=["sparse_categorical_accuracy"],
+                  jit_compile=False)
+    arguments = losses.compile_arguments_of(other)
+    assert arguments["loss"] is LOSS and arguments["optimizer"] is other.optimizer
+    assert losses.compile_arguments_of(token_model()) is None
+    with _compat.grappler_disabled():
+        want = model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)      # fit without compiling the wrapper
+    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    assert set(got) == set(want)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["sparse_categorical_accuracy"], want["sparse_categorical_accuracy"])
+
+
+def test_row_weights_take_each_output_labels_rank():
+    w = tf.constant([1.0, 2.0])
+    assert losses.row_weights_as(w, tf.zeros((2, 5, 7))).shape == (2, 1, 1)
+    assert losses.row_weights_as(w, tf.zeros((2,))).shape == (2,)
+    nested = losses.row_weights_as(w, {"a": tf.zeros((2, 3)), "b": tf.zeros((2, 3, 4))})
+    assert nested["a"].shape == (2, 1) and nested["b"].shape == (2, 1, 1)
