@@ -40,7 +40,7 @@ class InfeasibleBudgetError(CheckmateError):
 
     ``min_feasible_budget_bytes`` is the smallest budget at which the strategy does find a schedule
     (``None`` only when even that could not be established). ``minimum`` is the MILP strategies'
-    bracket on that budget (a :class:`checkmate.solvers.milp.MinimumBudget`, with the schedule that
+    bracket on that budget (a :class:`checkmate.solvers.bracket.MinimumBudget`, with the schedule that
     fits it), ``None`` for the other strategies.
     """
 

@@ -17,14 +17,14 @@ memory counted through liveness literals instead of FREE and U columns:
 A row at a position that does not run is implied by the row at the next one that does, so no row
 needs an enforcement literal. The model agrees with :func:`checkmate.simulate.simulate` on every
 schedule in the form that schedules are read back in (holds nothing uses pruned, R the minimal
-recomputation; see :func:`checkmate.solvers.milp.schedule_from_retain`), and for any other (R, S) it
+recomputation; see :func:`checkmate.solvers.candidates.schedule_from_retain`), and for any other (R, S) it
 counts at least what the simulator counts of the read-back schedule, so its optimum is the MILP's.
 Rows that hold of that form only (``R + S <= 1``; a recomputation is used later in its stage or held
 on; a hold is used in its stage or held on) cut off the dominated solutions: they leave the optimum
 as it is and shorten the search.
 
 The objective is the cost of the recomputations: in whole cost steps when the node costs share one
-(:func:`~checkmate.solvers.formulation.cost_granularity`), else over the mean cost (CP-SAT's
+(:func:`~checkmate.solvers.sparse_model.cost_granularity`), else over the mean cost (CP-SAT's
 floating-point objective). It is solved by one CP-SAT worker with its LP at the highest
 linearization level (at the default level the clauses stay out of the LP and nothing is proven on
 the tight budgets), without CP-SAT's presolve (``_PRESOLVE``), searching upward from the
@@ -149,7 +149,8 @@ def build_cp_model(graph: "Graph", budget_bytes: int) -> _CpModel:
     """The CP-SAT model of ``graph`` under ``budget_bytes`` (see the module docstring)."""
     from ortools.sat.python import cp_model
 
-    from checkmate.solvers.formulation import _cells, _mem_units, cost_granularity
+    from checkmate.solvers.formulation import _cells, _mem_units
+    from checkmate.solvers.sparse_model import cost_granularity
 
     _, mem, cap, _ = _mem_units(graph, budget_bytes, force_integral=True)
     cells = _cells(graph, mem, cap)

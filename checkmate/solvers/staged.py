@@ -30,7 +30,8 @@ from checkmate.errors import SolverError
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, BackendResult, get_backend
 from checkmate.solvers.candidates import Candidate, baseline_candidates, evaluate, schedule_from_retain
 from checkmate.solvers.cp_schedule import CpSatChild
-from checkmate.solvers.formulation import CheckmateFormulation, build_formulation, cost_granularity
+from checkmate.solvers.formulation import CheckmateFormulation, build_formulation
+from checkmate.solvers.sparse_model import cost_granularity
 from checkmate.solvers.progress import SolveProgress
 from checkmate.solvers.race import CP_LABEL, beside_race, cp_gap, race_proved, start_race
 from checkmate.solvers.rounding import improve_by_holding, round_relaxation

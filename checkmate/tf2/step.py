@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -28,19 +28,21 @@ from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget, solve
-from checkmate.solvers.minimum_budget import strategy_minimum_budget as minimum_feasible_budget
+from checkmate.solvers.minimum_budget import strategy_minimum_budget
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
-from checkmate.tf2.keras_model import RematModel
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
 from checkmate.tf2.lowering.trace import strategy_name
 from checkmate.tf2.memory import available_device_memory, default_device
 
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.tf2.keras_model import RematModel
+
 _log = logging.getLogger("checkmate.tf2")
 
 __all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "resident_bytes",
-           "accounting", "resolve_budget", "resolve_budget_reported", "minimum_feasible_budget", "RematModel"]
+           "accounting", "resolve_budget", "resolve_budget_reported"]
 
 
 @dataclass(frozen=True)
@@ -288,7 +290,11 @@ class CompiledStep:
     # ------------------------------------------------------------------------------ Keras
     def keras_model(self, **kwargs: Any) -> "RematModel":
         """A compiled ``keras.Model`` whose ``fit`` trains with this step (see :class:`RematModel`)."""
-        wrapper = RematModel(self, **kwargs)
+        # The Keras surface sits above compiled steps (it compiles them): it is reached through the
+        # package's public name when asked for, so that this module never imports it.
+        from checkmate import tf2
+
+        wrapper = tf2.RematModel(self, **kwargs)
         wrapper.compile(optimizer=self.optimizer)
         return wrapper
 
@@ -386,8 +392,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     except InfeasibleBudgetError as exc:
         minimum = exc.min_feasible_budget_bytes
         if minimum is None:
-            minimum = minimum_feasible_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
-                                              **solve_options)
+            minimum = strategy_minimum_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
+                                               **solve_options)
         minimum = _user_budget_for(int(minimum), resident, allocator_headroom)
         headroom_note = "" if planned == budget_bytes else (
             f", planned for {format_bytes(planned)} to leave {allocator_headroom:.0%} of the step's memory "
