@@ -416,7 +416,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
-            gradient_nodes: bool | str = True, time_limit_s: float | None = None, cost_model: str = "flops",
+            gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "flops",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
             fused_batch_norm: bool = False, **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
@@ -447,9 +447,7 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         its own, resident from when it is computed, and the part of a layer its backward reads in a
         node of its own: the predicted peak follows the measured one, at ~1.65x the nodes, which
         the hierarchical strategy handles at any depth. ``False`` lowers the compact graph (one
-        forward and one backward node per layer, parameter gradients resident for the whole step);
-        ``"auto"`` picks the finer graph up to
-        :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` compact nodes.
+        forward and one backward node per layer, parameter gradients resident for the whole step).
         :meth:`CompiledStep.summary` says which one was used.
 
     predictions:
