@@ -20,6 +20,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidBudgetError",
     "OutputPathError",
+    "MissingDependencyError",
 ]
 
 
@@ -77,6 +78,11 @@ class InvalidArgumentError(CheckmateError, ValueError):
 
 class InvalidBudgetError(InvalidArgumentError):
     """A budget that cannot be parsed or is not positive."""
+
+
+class MissingDependencyError(CheckmateError, ImportError):
+    """An optional package that the requested work needs is not installed (the message says what to
+    install): TensorFlow and Keras for ``checkmate.tf2``, matplotlib for plots."""
 
 
 class OutputPathError(InvalidArgumentError):
