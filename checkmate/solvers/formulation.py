@@ -43,8 +43,8 @@ Frees after the stage's last node (``k = t``) never reach a memory row and are n
 
 The flow row is the tightening that matters. Without it the relaxation may free a value that is
 present in a stage with weight 1/2 once after each of two users, so the memory rows subtract it twice,
-and the LP bound sits far below the optimum (synthetic SegNet at 1.1x its minimum budget: 89.8 against
-an optimum of 100.6; 99.3 with the flow row, above the 98.8 HiGHS reaches with all its root cuts).
+and the LP bound sits far below the optimum; with the flow row it is above what HiGHS reaches with
+all its root cuts (experiments/results/README.md, section i).
 It is valid for every integral (R, S): a value absent from a stage is neither freed nor kept there.
 
 Residency rows restate the memory rows as knapsacks over the binaries alone. While ``k`` runs in
@@ -59,9 +59,8 @@ lift it as far: synthetic U-Net, 3 levels, near its minimum budget), but they ar
 cover cuts need: once the relaxation is tight, the remaining gap is which values to hold through the
 stages where memory binds. One row per stage at its own node (``R[t, t] = 1``), and
 one at every other position whose working set is at least a set share of the memory (rows at every
-position slow the LPs down more than they help). The profiled U-Net graph at 80% of its
-checkpoint-all peak: 7-13 s without them, 3.6-4.2 s with them; synthetic SegNet at 1.1x its minimum
-budget: 37 s -> 13 s.
+position slow the LPs down more than they help). They made the exact solves of the tight budgets
+measured two to three times faster (experiments/results/README.md, section i).
 
 Reading a solution back (:mod:`checkmate.solvers.candidates`) uses S alone: holds that nothing uses are
 pruned and R is re-derived as the minimal recomputation, which is at least as cheap and as small as
@@ -92,13 +91,9 @@ __all__ = ["CheckmateFormulation", "build_formulation", "max_strict_descendant"]
 _INTEGRAL_UNITS_MAX = 10**5
 # Float scale otherwise: the largest value becomes this many units (keeps coefficients near 1..1e3).
 _FLOAT_UNITS_PER_MAX = 1000.0
-# Positions other than a stage's own node get a residency row when their working set (output plus
-# inputs) is at least this share of the available memory: there, what is held competes with a large
-# working set. Measured on the profiled U-Net graph at 80% (seeds 0-5): 3.6-4.2 s at 0.35, 5.4-9.1 s
-# at 0.5, 5.5-7.4 s with the stage rows only; rows at more positions (0.25: one seed 8 s; every
-# position: 7.8-15.7 s) slow the LPs down. Synthetic SegNet at 1.1x its minimum budget: 13 s at 0.35,
-# 37 s at 0.25, 12 s at 0.5, 29 s with the stage rows only. Any fraction is passed as
-# checkmate.solve(..., working_set_fraction=F).
+# Positions other than a stage's own node get a residency row when their working set is at least this
+# share of the memory: fewer rows slow the proofs, more slow the LPs. Any fraction is passed as
+# checkmate.solve(..., working_set_fraction=F). Measured: experiments/results/README.md, section i.
 _WORKING_SET_FRACTION = 0.35
 # Residency rows are screened in chunks of candidate rows, each chunk a (rows x n) boolean matrix of
 # at most this many cells (2 MB): large graphs would otherwise need an n^2-row matrix at once.

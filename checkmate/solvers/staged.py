@@ -215,10 +215,9 @@ def _run_stages(graph: "Graph", budget_bytes: int, options: SolveOptions, backen
     res = None
     proved_by = None
     best = cheapest()
-    # The child starts from the best rounding, before the local search: its search climbs from the
-    # bound, and the local search's better schedule did not make it faster (SegNet at 1.1x the
-    # minimum: 12.3 s from the rounding, 12-19 s from the local search's schedule, 28 s from none),
-    # so the two run side by side.
+    # The child starts from the best rounding, beside the local search: its search climbs from the
+    # bound, and the local search's better schedule did not make it faster.
+    # Measured: experiments/results/README.md, section i.
     racing_cp = race is not None and not solved(best, bound) and race.solve(
         hint_retain=None if best is None else best.schedule.retain, time_limit_s=remaining_s(deadline),
         mip_gap=cp_gap(options.mip_gap), abs_gap=proof_abs_gap_cost(form),
