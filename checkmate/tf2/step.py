@@ -176,7 +176,7 @@ class CompiledStep:
     @property
     def distribution(self) -> Any:
         """The ``tf.distribute`` strategy the step was compiled under (``None``: none)."""
-        return self.lowered.strategy
+        return self.lowered.distribution
 
     @property
     def replicas(self) -> int:
@@ -196,12 +196,12 @@ class CompiledStep:
         """The same step without rematerialization (the traced plain ``tf.function``)."""
         flat = self.function.flat_args(x, y)
         if self.distribution is not None:
-            strategy = self.distribution
+            distribution = self.distribution
 
             def run(*per_replica):
-                out = strategy.run(self.function.plain_replica_call, args=per_replica)
+                out = distribution.run(self.function.plain_replica_call, args=per_replica)
                 loss, grads, _ = self.function.split(out)
-                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in (loss, *grads))
+                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in (loss, *grads))
 
             out = tf.function(run, autograph=False)(*self.function.distribute(flat))
         else:
@@ -237,11 +237,11 @@ class CompiledStep:
         if self._train is None:
             self._build_optimizer()
             if self.distribution is not None:
-                strategy = self.distribution
+                distribution = self.distribution
 
                 def train(*flat):
-                    loss = strategy.run(self.replica_train_flat, args=flat)
-                    return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),)
+                    loss = distribution.run(self.replica_train_flat, args=flat)
+                    return (distribution.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),)
 
                 self._train = tf.function(train, autograph=False)
                 return self._train
