@@ -2,6 +2,9 @@ from pathlib import Path
 
 from setuptools import find_packages, setup
 
+# checkmate.tf2: lowering Keras training steps, code generation, RematModel
+TF = ["tensorflow>=2.16", "keras>=3.0"]
+
 setup(
     name="checkmate",
     version="0.1.0",
@@ -12,21 +15,23 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["checkmate", "checkmate.*"]),
     package_data={"checkmate": ["data/examples/*.json"]},
+    # The core: graphs, solvers, simulation, the command line's solve, sweep and plot. TensorFlow is
+    # needed only by checkmate.tf2 and the commands that lower Keras models (extra "tf").
     install_requires=[
         "numpy>=1.24",
+        "scipy>=1.10",
         "networkx>=3.1",
         "cvxpy>=1.5",
         "highspy>=1.7",
-        "tensorflow>=2.16",
-        "keras>=3.0",
         "matplotlib>=3.7",
         "tqdm>=4.60",
     ],
     extras_require={
+        "tf": TF,
         "gurobi": ["gurobipy>=11.0"],
         "ortools": ["ortools>=9.10"],
         "ray": ["ray>=2.9"],
-        "test": [
+        "test": TF + [
             "pytest>=8.0",
             "pytest-xdist>=3.5",
             "hypothesis>=6.100",

@@ -20,6 +20,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidBudgetError",
     "OutputPathError",
+    "MissingDependencyError",
 ]
 
 
@@ -40,7 +41,7 @@ class InfeasibleBudgetError(CheckmateError):
 
     ``min_feasible_budget_bytes`` is the smallest budget at which the strategy does find a schedule
     (``None`` only when even that could not be established). ``minimum`` is the MILP strategies'
-    bracket on that budget (a :class:`checkmate.solvers.milp.MinimumBudget`, with the schedule that
+    bracket on that budget (a :class:`checkmate.solvers.bracket.MinimumBudget`, with the schedule that
     fits it), ``None`` for the other strategies.
     """
 
@@ -77,6 +78,11 @@ class InvalidArgumentError(CheckmateError, ValueError):
 
 class InvalidBudgetError(InvalidArgumentError):
     """A budget that cannot be parsed or is not positive."""
+
+
+class MissingDependencyError(CheckmateError, ImportError):
+    """An optional package that the requested work needs is not installed (the message says what to
+    install): TensorFlow and Keras for ``checkmate.tf2``, matplotlib for plots."""
 
 
 class OutputPathError(InvalidArgumentError):

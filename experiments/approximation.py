@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 from checkmate import synthetic  # noqa: E402
-from checkmate.analysis.sweep import sweep, trivial_budget_bound  # noqa: E402
+from checkmate.analysis.sweep import sweep  # noqa: E402
+from checkmate.bounds import largest_working_set_bytes  # noqa: E402
 from checkmate.solvers import checkpoint_all_peak  # noqa: E402
 
 STRATEGIES = ["checkmate_milp", "checkmate_lp_rounding", "lower_bound_lp", "chen_sqrtn"]
@@ -67,7 +68,7 @@ def real_graphs(quick: bool = False):
 
 
 def budgets_for(graph, fractions):
-    low = trivial_budget_bound(graph)  # budgets below the MILP's own frontier are dropped later
+    low = largest_working_set_bytes(graph)  # budgets below the MILP's own frontier are dropped later
     high = checkpoint_all_peak(graph)
     return [int(low + f * (high - low)) for f in fractions]
 
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
                        workers=args.workers, mip_gap=1e-4)
         print(f"{g.name}: {g.n} nodes, {len(budgets)} budgets in {time.perf_counter() - t0:.1f} s")
         by = {(r.strategy, r.budget_bytes): r for r in result.rows}
-        trivial, peak = trivial_budget_bound(g), checkpoint_all_peak(g)
+        trivial, peak = largest_working_set_bytes(g), checkpoint_all_peak(g)
         for b in budgets:
             milp, rnd, lp = by[("checkmate_milp", b)], by[("checkmate_lp_rounding", b)], by[("lower_bound_lp", b)]
             if not milp.feasible:

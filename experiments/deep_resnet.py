@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     import tensorflow as tf
 
     from checkmate.analysis.point_cache import PointCache
-    from checkmate.analysis.sweep import graph_digest
+    from checkmate.analysis.sweep import payload_digest
     from checkmate.bounds import checkpoint_all_peak
     from checkmate.simulate import simulate
     from checkmate.solvers import format_bytes
@@ -157,7 +157,7 @@ def main(argv=None) -> int:
     y = tf.random.uniform(y_spec.shape, maxval=10, dtype=tf.int32, seed=1)
 
     cache = PointCache(common.point_cache_dir(args))
-    digest = graph_digest(graph.to_dict())
+    digest = payload_digest(graph.to_dict())
     # Budgets in bytes, planned as given (no allocator headroom): checkpoint-all at its own peak, sqrt(n)
     # unconstrained (it ignores the budget), the MILP at exactly sqrt(n)'s peak.
     unlimited = 2**62

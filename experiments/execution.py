@@ -64,7 +64,7 @@ def parse_args(argv=None):
                    help="fractions of the activation part of checkpoint-all's peak")
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
-    p.add_argument("--gradient-nodes", choices=("auto", "yes", "no"), default="auto",
+    p.add_argument("--gradient-nodes", choices=("yes", "no"), default="yes",
                    help="layer-level accounting of parameter gradients (as checkmate.tf2.compile's gradient_nodes)")
     p.add_argument("--time-limit", type=float, default=20.0, help="MILP/LP time limit per solve (s)")
     p.add_argument("--steps", type=int, default=3, help="timed steps per configuration")
@@ -107,7 +107,7 @@ def run(args) -> list[dict]:
     for name, batch, shape in model_list(args.models):
         start = time.time()
         built = zoo.build_model(name, batch, shape)
-        gradient_nodes = {"auto": "auto", "yes": True, "no": False}[args.gradient_nodes]
+        gradient_nodes = args.gradient_nodes == "yes"
         lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
                         cost_model=args.cost_model, gradient_nodes=gradient_nodes, progress=False)
         x, y = random_batch(lowered, built.model)

@@ -7,7 +7,7 @@ activation sizes and FLOP-proportional costs of a 224x224 (U-Net, SegNet: 256x25
 synthetic chains and random DAGs of 50-1000 nodes, and any graph files given with --graph.
 
 Budgets: fractions of the checkpoint-all peak, and multiples of the minimum feasible budget (found
-with :func:`checkmate.solvers.milp.minimum_feasible_budget`; cached in the results folder).
+with :func:`checkmate.solvers.bracket.bracket_minimum_budget`; cached in the results folder).
 
 Each solve runs in a child process and is timed around ``checkmate.solve`` (model construction,
 baselines and MIP start included, Python start-up excluded). Results: ``results/solve_time.csv``
@@ -321,13 +321,13 @@ def run_one(graph: Graph, budget_bytes: int, strategy: str, solver: str | None, 
 def min_budgets(graphs: dict, time_limit_s: float, cache_path: Path) -> dict:
     """Minimum feasible budgets, cached (graph name + size -> bytes, proven flag)."""
     from checkmate.solvers import SolveOptions
-    from checkmate.solvers.milp import minimum_feasible_budget
+    from checkmate.solvers.bracket import bracket_minimum_budget
 
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     for name, graph in graphs.items():
         key = f"{graph.name}:{graph.n}:{len(graph.edges)}:{int(graph.mem.sum())}"
         if key not in cache:
-            mb = minimum_feasible_budget(graph, SolveOptions(threads=2), time_limit_s=time_limit_s)
+            mb = bracket_minimum_budget(graph, SolveOptions(threads=2), time_limit_s=time_limit_s)
             cache[key] = {"bytes": mb.feasible_bytes, "lower": mb.lower_bytes, "proven": mb.proven}
             cache_path.write_text(json.dumps(cache, indent=1))
         graph_min = cache[key]

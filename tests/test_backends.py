@@ -13,7 +13,8 @@ from checkmate.errors import BackendUnavailableError, InfeasibleBudgetError, Inv
 from checkmate.solvers import SolveOptions, checkpoint_all_peak
 from checkmate.solvers.backends import (FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, backend_names,
                                         get_backend)
-from checkmate.solvers.formulation import SparseModel, build_formulation
+from checkmate.solvers.formulation import build_formulation
+from checkmate.solvers.sparse_model import SparseModel
 
 try:
     import gurobipy  # noqa: F401

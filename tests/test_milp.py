@@ -507,7 +507,7 @@ def test_small_cases_are_exact_with_default_options(name):
 
 
 def test_cost_granularity():
-    from checkmate.solvers.formulation import cost_granularity
+    from checkmate.solvers.sparse_model import cost_granularity
 
     assert cost_granularity(np.array([3.0, 6.0, 9.0, 0.0])) == 3.0
     assert cost_granularity(np.array([2.5, 1.0, 10.0])) == 0.5

@@ -8,7 +8,7 @@ from cases import training_chain, trivial_memory_lower_bound
 from checkmate.solvers import SolveOptions
 from checkmate.solvers import progress as progress_module
 from checkmate.solvers.backends import OPTIMAL, get_backend
-from checkmate.solvers.formulation import SparseModel
+from checkmate.solvers.sparse_model import SparseModel
 from checkmate.solvers.milp import checkmate_milp
 from checkmate.solvers.types import MilpOptions
 

@@ -189,7 +189,7 @@ def test_hint_is_taken_whole():
 
 
 class _FakeChild:
-    """Stands in for :class:`CpSatChild` in ``_beside_race``: answers what the test sets."""
+    """Stands in for :class:`CpSatChild` in ``beside_race``: answers what the test sets."""
 
     def __init__(self):
         self.answer = None

@@ -19,9 +19,9 @@ from checkmate.analysis.sweep import (
     check_consistency,
     read_sweep_csv,
     sweep,
-    trivial_budget_bound,
     write_sweep,
 )
+from checkmate.bounds import largest_working_set_bytes
 from checkmate.cli import main
 from checkmate.graph import save_graph
 from checkmate.solvers import checkpoint_all_peak, solve
@@ -43,9 +43,9 @@ def test_budget_grid_endpoints_and_order():
     assert budget_grid(10, 20, 1) == [20]
 
 
-def test_trivial_bound_matches_the_test_helper():
+def test_working_set_bound_matches_the_test_helper():
     for g in (training_chain(5), unet_like(3), synthetic.resnet(3)):
-        assert trivial_budget_bound(g) == trivial_memory_lower_bound(g)
+        assert largest_working_set_bytes(g) == trivial_memory_lower_bound(g)
 
 
 def test_sweep_rows_cover_grid_and_fit_their_budgets():

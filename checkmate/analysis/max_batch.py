@@ -57,7 +57,7 @@ from checkmate.solvers.staged import (BASELINES, BRANCH_AND_BOUND, LOCAL_SEARCH,
                                       ProvenInfeasible, solve_staged)
 
 __all__ = ["BatchProbe", "MaxBatchResult", "BatchGraphFamily", "forward_cost", "cost_limit", "probe_batch",
-           "decide_milp", "graph_digest", "max_batch_size", "max_batch_sizes", "search_model", "DEFAULT_STRATEGIES",
+           "decide_milp", "probe_digest", "max_batch_size", "max_batch_sizes", "search_model", "DEFAULT_STRATEGIES",
            "DEFAULT_CONFIRM_MAX_BYTES"]
 
 # The paper's four contenders.
@@ -253,7 +253,7 @@ def decide_milp(graph: Graph, batch_size: int, memory_bytes: int, limit: float, 
                      source="no schedule within the cost limit found, none ruled out")
 
 
-def graph_digest(graph: Graph) -> str:
+def probe_digest(graph: Graph) -> str:
     """A short hash of everything a probe's answer depends on in ``graph``: sizes, costs, edges, flags."""
     h = hashlib.sha256()
     h.update(np.ascontiguousarray(graph.mem, dtype=np.int64).tobytes())
@@ -274,7 +274,7 @@ def _cached_probe(cache: PointCache | None, key: dict | None, graph: Graph, comp
     if cache is None or key is None:
         return compute()
     time_limit_s = key.get("time_limit_s")
-    full = {**{k: v for k, v in key.items() if k != "time_limit_s"}, "graph": graph_digest(graph),
+    full = {**{k: v for k, v in key.items() if k != "time_limit_s"}, "graph": probe_digest(graph),
             "format": _PROBE_FORMAT}
     found = cache.get(full)
     if found is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from checkmate.graph import Graph
 
-__all__ = ["lower_zoo_model", "extract_graph", "random_batch", "measure_compiled_step"]
+__all__ = ["lower_zoo_model", "extract_graph", "random_zoo_batch", "measure_compiled_step"]
 
 
 def lower_zoo_model(model: str, batch_size: int, *, input_shape: tuple[int, ...] | None = None,
@@ -48,7 +48,7 @@ def extract_graph(model: str, batch_size: int, *, input_shape: tuple[int, ...] |
     return graph
 
 
-def random_batch(built) -> tuple[Any, Any]:
+def random_zoo_batch(built) -> tuple[Any, Any]:
     """A random ``(x, y)`` matching a :class:`~checkmate.tf2.zoo.ZooModel`'s specs (labels in range)."""
     import tensorflow as tf
 
@@ -81,7 +81,7 @@ def measure_compiled_step(model: str, batch_size: int, memory_bytes: int, strate
     headroom = {} if allocator_headroom is None else {"allocator_headroom": float(allocator_headroom)}
     step = compile_lowered(lowered, built.model, built.loss, keras.optimizers.SGD(0.01), budget=int(memory_bytes),
                            strategy=strategy, solver=solver, time_limit_s=time_limit_s, **headroom)
-    x, y = random_batch(built)
+    x, y = random_zoo_batch(built)
     m = measure_step(step.gradients, x, y)
     start = time.perf_counter()
     step.gradients(x, y)[0].numpy()

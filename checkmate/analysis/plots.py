@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from checkmate.analysis.sweep_data import SweepResult, SweepRow
-from checkmate.errors import InvalidArgumentError, OutputPathError
+from checkmate.errors import InvalidArgumentError, MissingDependencyError, OutputPathError
 from checkmate.graph import Graph
 from checkmate.io import atomic_output
 from checkmate.schedule import Schedule
@@ -79,7 +79,12 @@ def byte_unit(max_bytes: float) -> tuple[str, float]:
 
 
 def pyplot():
-    import matplotlib
+    """matplotlib's pyplot on the Agg backend; :class:`MissingDependencyError` when it is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise MissingDependencyError("drawing a plot needs matplotlib, which is not installed here: "
+                                     "pip install matplotlib") from None
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt

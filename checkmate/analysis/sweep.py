@@ -42,10 +42,9 @@ from checkmate.solvers import solve
 from checkmate.solvers.minimum_budget import sweep_frontier_budget
 from checkmate.solvers.registry import STRATEGIES, get_strategy
 
-__all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "sweep_frontier_budget", "minimum_feasible_budget",
-           "trivial_budget_bound",
+__all__ = ["SweepRow", "SweepResult", "sweep", "budget_grid", "sweep_frontier_budget",
            "available_strategies", "default_strategies", "write_sweep", "read_sweep_csv", "load_sweep_json",
-           "check_consistency", "CSV_COLUMNS", "SweepInterrupted", "write_sweep_rows", "graph_digest",
+           "check_consistency", "CSV_COLUMNS", "SweepInterrupted", "write_sweep_rows", "payload_digest",
            "sweep_point_key"]
 
 logger = logging.getLogger("checkmate.sweep")
@@ -133,7 +132,7 @@ def _solve_task(graph_payload: Any, task: _Task) -> dict:
             "status": r.status, "solver": r.solver, "min_feasible_budget_bytes": None}
 
 
-def graph_digest(graph_payload: dict) -> str:
+def payload_digest(graph_payload: dict) -> str:
     """A graph's identity for caching: the hash of its canonical JSON (names, costs, bytes, edges)."""
     text = json.dumps(graph_payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -172,11 +171,6 @@ def _run_points(tasks: Sequence[_Task], payload: dict, cache: PointCache, digest
 
     run_tasks(_solve_task, [tasks[i] for i in missing], shared=payload, on_result=keep, **run)
     return into
-
-
-# Earlier names, kept importable: the sweep's frontier and the working-set lower bound.
-minimum_feasible_budget = sweep_frontier_budget
-trivial_budget_bound = largest_working_set_bytes
 
 
 def budget_grid(low_bytes: int, high_bytes: int, count: int) -> list[int]:
@@ -219,7 +213,7 @@ def _sweep(graph: Graph, strategies: Sequence[str] | None, *, budgets: int | Seq
     start = time.perf_counter()
     payload = graph.to_dict()
     cache = PointCache(cache_dir)
-    digest = graph_digest(payload) if cache_dir is not None else ""
+    digest = payload_digest(payload) if cache_dir is not None else ""
     # Solver threads stay at the backend default: HiGHS runs its MIP search on one thread regardless.
     threads = None
     peak_all = checkpoint_all_peak(graph)

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Callable, Iterator
 
-from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
+from checkmate.errors import CheckmateError, InfeasibleBudgetError, MissingDependencyError, SolverError
 from checkmate.logs import verbose_logging
 
 __all__ = ["EXIT_OK", "EXIT_INTERNAL", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_SOLVER", "EXIT_INTERRUPTED",
@@ -135,6 +135,12 @@ def import_tensorflow_quietly() -> None:
             import tensorflow as tf
 
             tf.constant(0.0)  # the device probe logs on first use; run it while fd 2 is held
+        except ImportError as exc:
+            os.dup2(saved, 2)
+            if exc.name not in ("tensorflow", "keras"):
+                raise
+            raise MissingDependencyError("this command lowers Keras models and needs TensorFlow, which is not "
+                                         "installed here: pip install 'checkmate[tf]'") from None
         except BaseException:
             os.dup2(saved, 2)
             held.seek(0)

@@ -18,8 +18,13 @@ import threading
 import time
 from typing import Sequence
 
-from checkmate.cli import compile as compile_command
-from checkmate.cli import extract, max_batch, plot, solve, sweep
+# each subcommand's module by its own name (the package's __init__ imports this module)
+import checkmate.cli.compile as compile_command
+import checkmate.cli.extract as extract
+import checkmate.cli.max_batch as max_batch
+import checkmate.cli.plot as plot
+import checkmate.cli.solve as solve
+import checkmate.cli.sweep as sweep
 from checkmate.cli._common import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Parser, describe_error,
                                    exit_code_for)
 

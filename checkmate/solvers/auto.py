@@ -25,10 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES"]
 
-# Up to this many nodes the flat MILP proves optima in seconds to a few minutes on the papers' graphs
-# (152-node 12-block transformer: optimal in 27 s); beyond, its O(n^2) model is far slower than the
-# hierarchical strategy (experiments/scale.py: at 326-1262 nodes it keeps a baseline's 1.20x within
-# 120 s where the hierarchical strategy finds 1.06x).
+# Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
+# Measured: experiments/results/README.md, section i.
 AUTO_MILP_MAX_NODES = 160
 # The baselines that form the floor: the budget-aware ones search their whole family for the budget.
 FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "griewank_logn", "checkpoint_last_node")

@@ -17,14 +17,14 @@ memory counted through liveness literals instead of FREE and U columns:
 A row at a position that does not run is implied by the row at the next one that does, so no row
 needs an enforcement literal. The model agrees with :func:`checkmate.simulate.simulate` on every
 schedule in the form that schedules are read back in (holds nothing uses pruned, R the minimal
-recomputation; see :func:`checkmate.solvers.milp.schedule_from_retain`), and for any other (R, S) it
+recomputation; see :func:`checkmate.solvers.candidates.schedule_from_retain`), and for any other (R, S) it
 counts at least what the simulator counts of the read-back schedule, so its optimum is the MILP's.
 Rows that hold of that form only (``R + S <= 1``; a recomputation is used later in its stage or held
 on; a hold is used in its stage or held on) cut off the dominated solutions: they leave the optimum
 as it is and shorten the search.
 
 The objective is the cost of the recomputations: in whole cost steps when the node costs share one
-(:func:`~checkmate.solvers.formulation.cost_granularity`), else over the mean cost (CP-SAT's
+(:func:`~checkmate.solvers.sparse_model.cost_granularity`), else over the mean cost (CP-SAT's
 floating-point objective). It is solved by one CP-SAT worker with its LP at the highest
 linearization level (at the default level the clauses stay out of the LP and nothing is proven on
 the tight budgets), without CP-SAT's presolve (``_PRESOLVE``), searching upward from the
@@ -59,48 +59,26 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["CpSatOutcome", "CpSatChild", "build_cp_model", "solve_cp_model", "cp_sat_available"]
 
-# The LP at CP-SAT's highest linearization level: the clauses (compute-requires-inputs, the liveness
-# implications) enter the LP only there. At level 1 synthetic FCN8 at 1.1x its minimum budget keeps
-# the trivial bound for 60 s; at level 2 the root bound is the MILP's LP bound and it is proven in 4 s.
+# Every clause in CP-SAT's LP (only at level 2 do they enter it): the bound the proofs need.
+# Measured: experiments/results/README.md, section i.
 _LINEARIZATION_LEVEL = 2
-# CP-SAT's presolve is skipped: the model is already in the form its LP wants (booleans, clauses as
-# rows), and the presolve's probing and rewriting cost more than they save. Measured with the
-# race's gaps and the local search's schedule as the hint, solve seconds with presolve / without, at
-# 1.1x the minimum budget: U-Net 4.2 / 0.8, FCN8 2.8 / 0.7, Keras U-Net 3.3 / 2.2, SegNet not proven
-# in 60 s / 50.9; at 1.02x: U-Net 4.6 / 5.4, FCN8 2.5 / 0.7, Keras U-Net 18.3 / 8.9, SegNet 35.0 /
-# 42.2. With the optimal schedule as the hint SegNet at 1.1x is proven in 7.2 s / 1.8 s.
+# No presolve: the model is already booleans and rows, and the presolve cost more than it saved.
+# Measured: experiments/results/README.md, section i.
 _PRESOLVE = False
-# The search climbs from the objective's lower bound (CP-SAT's objective lower-bound search): the
-# LP bound after cuts is within 1% of the optimum on the tight budgets, and the first schedule found
-# from below is the optimum. Solve seconds without / with it (presolve off, relative gap 1e-6, the
-# local search's schedule as the hint): 1.1x the minimum, SegNet 50.9 / 11.7, Keras U-Net 2.2 / 2.4,
-# U-Net and FCN8 under a second either way; 1.02x: U-Net 5.4 / 1.6, Keras U-Net 8.9 / 7.2, SegNet
-# 42.2 / 10.7. Asked for the exact optimum (relative gap 0, as the race asks for a proof where the
-# objective counts cost steps) SegNet takes 13.5-18.8 s at 1.1x and 12.0 s at 1.02x, the others at
-# most 1 s more.
+# Climb from the objective's lower bound: after cuts it lies within 1% of the optimum.
+# Measured: experiments/results/README.md, section i.
 _OBJECTIVE_LB_SEARCH = True
-# Two of CP-SAT's cut families are left out: Chvatal-Gomory and zero-half cuts. They cost more time
-# in the LP than they return in bound. CP-SAT seconds from the best rounding (the race's hint),
-# exact, default cuts / without these two: 1.1x the minimum, SegNet 15.6 / 9.3, Keras U-Net 4.5 /
-# 4.2, U-Net 2.1 / 1.4, FCN8 1.1 / 1.0; 1.02x: SegNet 17.5 / 8.7, Keras U-Net 57.9 / 10.4, U-Net
-# 1.3 / 1.4, FCN8 1.2 / 0.7. Without MIR or clique cuts SegNet was not proven in 40 s.
+# Chvatal-Gomory and zero-half cuts cost more LP time than they return in bound.
+# Measured: experiments/results/README.md, section i.
 _SKIPPED_CUTS = ("add_cg_cuts", "add_zero_half_cuts")
-# The search branches towards the best schedule found so far (at first the hint). One worker's
-# search path depends on its random seed, and the solve time with it, so it was measured over seeds:
-# SegNet from the best rounding, exact, seeds 1-16 (two solves at a time), CP-SAT seconds, median /
-# mean without -> with it: 1.1x the minimum 14.6 / 15.0 -> 8.6 / 10.2 (two seeds not proven in 30 s
-# -> none); 1.02x 13.8 / 13.3 -> 8.6 / 11.5. U-Net, FCN8 and Keras U-Net at 1.1x and 1.02x (seeds
-# 1-6): medians within half a second either way, Keras U-Net at 1.02x 12.0 -> 10.9.
+# Branch towards the best schedule so far (at first the hint): faster over seeds.
+# Measured: experiments/results/README.md, section i.
 _EXPLOIT_BEST_SOLUTION = True
-# One worker: the caller's HiGHS solve has the other core. With more workers on two cores the
-# worker with the full LP gets half a core (measured: no proof of SegNet 1.1x within 40 s).
+# One worker: the caller's HiGHS solve has the other core.
+# Measured: experiments/results/README.md, section i.
 _WORKERS = 1
-# The child's scheduling priority below its caller's: with a free core it runs at full speed, on a
-# machine with none it takes about a tenth of a core from HiGHS (nice weights 110 against 1024), so a
-# race costs little where it cannot win. At nice 0 with other jobs (load 3-4) a race took the sum of
-# both solvers' times (SegNet 1.1x: 108 s against 52 s for HiGHS alone); at nice 10 beside four busy
-# loops (load 4-5), 1.1x the minimum, race against HiGHS alone: Keras U-Net 43 s / 42 s, U-Net
-# 17.7 / 16.3 s, FCN8 12.1 / 11.4 s; with a core free, Keras U-Net 6.0 s against 15-17 s.
+# Below the caller's priority: full speed on a free core, little taken from HiGHS otherwise.
+# Measured: experiments/results/README.md, section i.
 _CHILD_NICENESS = 10
 # Largest objective (in cost steps, every cell computed) kept integral: well inside int64, and exact
 # in the doubles that CP-SAT's bound and the caller's arithmetic pass through.
@@ -149,7 +127,8 @@ def build_cp_model(graph: "Graph", budget_bytes: int) -> _CpModel:
     """The CP-SAT model of ``graph`` under ``budget_bytes`` (see the module docstring)."""
     from ortools.sat.python import cp_model
 
-    from checkmate.solvers.formulation import _cells, _mem_units, cost_granularity
+    from checkmate.solvers.formulation import _cells, _mem_units
+    from checkmate.solvers.sparse_model import cost_granularity
 
     _, mem, cap, _ = _mem_units(graph, budget_bytes, force_integral=True)
     cells = _cells(graph, mem, cap)

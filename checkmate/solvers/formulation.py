@@ -43,8 +43,8 @@ Frees after the stage's last node (``k = t``) never reach a memory row and are n
 
 The flow row is the tightening that matters. Without it the relaxation may free a value that is
 present in a stage with weight 1/2 once after each of two users, so the memory rows subtract it twice,
-and the LP bound sits far below the optimum (synthetic SegNet at 1.1x its minimum budget: 89.8 against
-an optimum of 100.6; 99.3 with the flow row, above the 98.8 HiGHS reaches with all its root cuts).
+and the LP bound sits far below the optimum; with the flow row it is above what HiGHS reaches with
+all its root cuts (experiments/results/README.md, section i).
 It is valid for every integral (R, S): a value absent from a stage is neither freed nor kept there.
 
 Residency rows restate the memory rows as knapsacks over the binaries alone. While ``k`` runs in
@@ -59,11 +59,10 @@ lift it as far: synthetic U-Net, 3 levels, near its minimum budget), but they ar
 cover cuts need: once the relaxation is tight, the remaining gap is which values to hold through the
 stages where memory binds. One row per stage at its own node (``R[t, t] = 1``), and
 one at every other position whose working set is at least a set share of the memory (rows at every
-position slow the LPs down more than they help). The profiled U-Net graph at 80% of its
-checkpoint-all peak: 7-13 s without them, 3.6-4.2 s with them; synthetic SegNet at 1.1x its minimum
-budget: 37 s -> 13 s.
+position slow the LPs down more than they help). They made the exact solves of the tight budgets
+measured two to three times faster (experiments/results/README.md, section i).
 
-Reading a solution back (:mod:`checkmate.solvers.milp`) uses S alone: holds that nothing uses are
+Reading a solution back (:mod:`checkmate.solvers.candidates`) uses S alone: holds that nothing uses are
 pruned and R is re-derived as the minimal recomputation, which is at least as cheap and as small as
 any R the solver chose for that S, so the model's freedoms above never reach a returned schedule.
 
@@ -78,12 +77,13 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
-import scipy.sparse as sp
+
+from checkmate.solvers.sparse_model import Rows, SparseModel, cost_granularity
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_strict_descendant", "cost_granularity"]
+__all__ = ["CheckmateFormulation", "build_formulation", "max_strict_descendant"]
 
 # Largest total memory, in units, for which integral units are used: with integrality tolerances of
 # 1e-6 a rounded solution then differs from the solver's rows by less than one unit, so the budget row
@@ -91,161 +91,13 @@ __all__ = ["SparseModel", "CheckmateFormulation", "build_formulation", "max_stri
 _INTEGRAL_UNITS_MAX = 10**5
 # Float scale otherwise: the largest value becomes this many units (keeps coefficients near 1..1e3).
 _FLOAT_UNITS_PER_MAX = 1000.0
-# How far below the truth a solver's proven bound may lie, relative to the objective: the 1e-6
-# feasibility and optimality tolerances HiGHS, Gurobi and CP-SAT's LP share by default.
-_BOUND_TOLERANCE = 1e-6
-# Largest node cost still read as an exact integer: doubles hold every integer up to 2**53, and the
-# sum of a schedule's costs must stay exact too, so leave a factor of 2**10 for the sum.
-_EXACT_COST_MAX = 2.0**43
-# Decimal places tried when looking for a common step of fractional costs (see cost_granularity).
-_COST_DECIMALS = 6
-# Positions other than a stage's own node get a residency row when their working set (output plus
-# inputs) is at least this share of the available memory: there, what is held competes with a large
-# working set. Measured on the profiled U-Net graph at 80% (seeds 0-5): 3.6-4.2 s at 0.35, 5.4-9.1 s
-# at 0.5, 5.5-7.4 s with the stage rows only; rows at more positions (0.25: one seed 8 s; every
-# position: 7.8-15.7 s) slow the LPs down. Synthetic SegNet at 1.1x its minimum budget: 13 s at 0.35,
-# 37 s at 0.25, 12 s at 0.5, 29 s with the stage rows only. Any fraction is passed as
-# checkmate.solve(..., working_set_fraction=F).
+# Positions other than a stage's own node get a residency row when their working set is at least this
+# share of the memory: fewer rows slow the proofs, more slow the LPs. Any fraction is passed as
+# checkmate.solve(..., working_set_fraction=F). Measured: experiments/results/README.md, section i.
 _WORKING_SET_FRACTION = 0.35
 # Residency rows are screened in chunks of candidate rows, each chunk a (rows x n) boolean matrix of
 # at most this many cells (2 MB): large graphs would otherwise need an n^2-row matrix at once.
 _RESIDENCY_CELLS_PER_CHUNK = 2_000_000
-
-
-@dataclass
-class SparseModel:
-    """``min c @ x + offset`` s.t. ``row_lo <= A @ x <= row_hi``, ``col_lo <= x <= col_hi``,
-    ``x[integer]`` integral. ``objective_scale`` converts ``c @ x + offset`` back into cost units."""
-
-    c: np.ndarray
-    offset: float
-    A: sp.csr_matrix
-    row_lo: np.ndarray
-    row_hi: np.ndarray
-    col_lo: np.ndarray
-    col_hi: np.ndarray
-    integer: np.ndarray
-    objective_scale: float = 1.0
-    # Whether every row coefficient, bound and objective coefficient is integral (CP-SAT needs that).
-    integral_rows: bool = False
-    # The step between two attainable objective values, in model units, when there is one (integral
-    # node costs: their gcd over ``objective_scale``); None when the costs have no common unit.
-    objective_granularity: float | None = None
-
-    @property
-    def num_cols(self) -> int:
-        return int(self.c.shape[0])
-
-    @property
-    def num_rows(self) -> int:
-        return int(self.A.shape[0])
-
-    def cost_of(self, x: np.ndarray) -> float:
-        return float((self.c @ x + self.offset) * self.objective_scale)
-
-    def max_violation(self, x: np.ndarray) -> float:
-        """Largest violation of a row or a column bound by ``x`` (0 when feasible)."""
-        ax = self.A @ x
-        worst = 0.0
-        if ax.size:
-            worst = max(worst, float(np.max(self.row_lo - ax, initial=0.0)), float(np.max(ax - self.row_hi, initial=0.0)))
-        worst = max(worst, float(np.max(self.col_lo - x, initial=0.0)), float(np.max(x - self.col_hi, initial=0.0)))
-        return worst
-
-    def relaxed(self) -> "SparseModel":
-        return replace(self, integer=np.zeros_like(self.integer))
-
-    @property
-    def objective_tolerance(self) -> float:
-        """How far a solver's proven bound may sit below the truth, in model units: the usual 1e-6
-        feasibility tolerance, relative to the objective (at least the offset, every node once)."""
-        return _BOUND_TOLERANCE * max(1.0, abs(float(self.offset)))
-
-    @property
-    def proof_abs_gap(self) -> float | None:
-        """The absolute gap (model units) below which an incumbent is proven optimal: one objective
-        step, less the bound's tolerance; None when the objective has no step or the tolerance
-        swallows it (then only the relative gap can prove anything)."""
-        if self.objective_granularity is None:
-            return None
-        gap = self.objective_granularity - self.objective_tolerance
-        return gap if gap > 0 else None
-
-
-def cost_granularity(cost: np.ndarray) -> float | None:
-    """The step between attainable schedule costs when the node costs share one: their gcd when they
-    are all integers, or integers after shifting the decimal point (up to ``_COST_DECIMALS`` places,
-    so 2.5 and 0.75 give 0.25). Every schedule's cost is a multiple of it, so a gap below it proves
-    optimality. None when the costs share no such step (profiled times at full precision)."""
-    cost = np.asarray(cost, dtype=np.float64)
-    positive = cost[cost > 0]
-    if positive.size == 0:
-        return None
-    for places in range(_COST_DECIMALS + 1):
-        scaled = positive * 10.0**places
-        if scaled.max() > _EXACT_COST_MAX:
-            return None
-        whole = np.round(scaled)
-        # a few units in the last place: the rounding error of the decimal shift, not a real fraction
-        if np.all(np.abs(scaled - whole) <= 4 * np.spacing(whole)):
-            return float(np.gcd.reduce(whole.astype(np.int64))) / 10.0**places
-    return None
-
-
-class _Rows:
-    """Accumulates COO triplets; terms on fixed cells are folded into the row bounds."""
-
-    def __init__(self):
-        self._r: list[np.ndarray] = []
-        self._c: list[np.ndarray] = []
-        self._v: list[np.ndarray] = []
-        self._lo: list[np.ndarray] = []
-        self._hi: list[np.ndarray] = []
-        self._const_r: list[np.ndarray] = []
-        self._const_v: list[np.ndarray] = []
-        self.count = 0
-
-    def new(self, count: int, lo: float, hi: float) -> np.ndarray:
-        ids = np.arange(self.count, self.count + count, dtype=np.int64)
-        self.count += count
-        self._lo.append(np.full(count, lo, dtype=np.float64))
-        self._hi.append(np.full(count, hi, dtype=np.float64))
-        return ids
-
-    def term(self, rows: np.ndarray, cols: np.ndarray, coef, fixed_value=None) -> None:
-        """Add ``coef * x[cols]`` to ``rows``; where ``cols < 0`` the cell is fixed to ``fixed_value``."""
-        rows = np.asarray(rows, dtype=np.int64)
-        cols = np.asarray(cols, dtype=np.int64)
-        coef = np.broadcast_to(np.asarray(coef, dtype=np.float64), rows.shape)
-        var = cols >= 0
-        self._r.append(rows[var])
-        self._c.append(cols[var])
-        self._v.append(coef[var])
-        if fixed_value is not None and not np.all(var):
-            fixed = np.broadcast_to(np.asarray(fixed_value, dtype=np.float64), rows.shape)[~var]
-            self._const_r.append(rows[~var])
-            self._const_v.append(coef[~var] * fixed)
-
-    def build(self, num_cols: int) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
-        lo = np.concatenate(self._lo) if self._lo else np.zeros(0)
-        hi = np.concatenate(self._hi) if self._hi else np.zeros(0)
-        if self._const_r:
-            const = np.bincount(np.concatenate(self._const_r), weights=np.concatenate(self._const_v),
-                                minlength=self.count)
-            lo = lo - const
-            hi = hi - const
-        rows = np.concatenate(self._r) if self._r else np.zeros(0, dtype=np.int64)
-        cols = np.concatenate(self._c) if self._c else np.zeros(0, dtype=np.int64)
-        vals = np.concatenate(self._v) if self._v else np.zeros(0)
-        A = sp.csr_matrix((vals, (rows, cols)), shape=(self.count, num_cols))
-        A.sum_duplicates()
-        A.eliminate_zeros()
-        # Rows left without variables are either satisfied (dropped) or contradictory (kept, so that
-        # the solver reports the model infeasible).
-        empty = np.diff(A.indptr) == 0
-        satisfied = empty & (lo <= 1e-9) & (hi >= -1e-9)
-        keep = ~satisfied
-        return A[keep], lo[keep], hi[keep]
 
 
 def max_strict_descendant(graph: "Graph") -> np.ndarray:
@@ -519,7 +371,7 @@ def _cells(graph: "Graph", mem: np.ndarray, cap: float) -> _Cells:
 
 
 # ---------------------------------------------------------------------------------- row families
-def _rows_compute_requires_inputs(rows: _Rows, c: _Cells) -> None:
+def _rows_compute_requires_inputs(rows: Rows, c: _Cells) -> None:
     """``R[t, k] <= R[t, i] + S[t, i]`` for each input ``i`` of ``k`` and stage ``t >= k``."""
     n, edges = c.n, c.edges
     e_rep = n - edges[:, 1]
@@ -535,7 +387,7 @@ def _rows_compute_requires_inputs(rows: _Rows, c: _Cells) -> None:
     rows.term(rid, c.s_col[d_t, d_i], -1.0, c.s_fixed[d_t, d_i])
 
 
-def _rows_retain_requires_prior(rows: _Rows, c: _Cells, flow_rows: bool) -> None:
+def _rows_retain_requires_prior(rows: Rows, c: _Cells, flow_rows: bool) -> None:
     """``S[t+1, i] <= S[t, i] + R[t, i]`` (``i < t``), where no flow row implies it."""
     n, tt, ii = c.n, c.tt, c.ii
     c_t, c_i = tt[tt + 1 < n], ii[tt + 1 < n]
@@ -547,7 +399,7 @@ def _rows_retain_requires_prior(rows: _Rows, c: _Cells, flow_rows: bool) -> None
     rows.term(rid, c.r_col[c_t, c_i], -1.0, c.r_fixed[c_t, c_i])
 
 
-def _rows_compute_or_retain(rows: _Rows, c: _Cells) -> None:
+def _rows_compute_or_retain(rows: Rows, c: _Cells) -> None:
     """``R[t, i] + S[t, i] <= 1`` where both cells are variables (the optional exclusive rows)."""
     both = c.r_is_var[c.tt, c.ii] & c.s_is_var[c.tt, c.ii]
     x_t, x_i = c.tt[both], c.ii[both]
@@ -556,27 +408,27 @@ def _rows_compute_or_retain(rows: _Rows, c: _Cells) -> None:
     rows.term(rid, c.s_col[x_t, x_i], 1.0)
 
 
-def _rows_free_requires_compute(rows: _Rows, c: _Cells) -> None:
+def _rows_free_requires_compute(rows: Rows, c: _Cells) -> None:
     """``FREE[t, i, k] <= R[t, k]`` (the published fix: only a node that runs frees anything)."""
     rid = rows.new(c.nf, -np.inf, 0.0)
     rows.term(rid, c.f_col, 1.0)
     rows.term(rid, c.r_col[c.f_t, c.f_k], -1.0, c.r_fixed[c.f_t, c.f_k])
 
 
-def _leave_stage_terms(rows: _Rows, c: _Cells, rid: np.ndarray) -> None:
+def _leave_stage_terms(rows: Rows, c: _Cells, rid: np.ndarray) -> None:
     """``sum_k FREE[t, i, k] + S[t+1, i]`` into the row of each group ``(t, i)``."""
     nxt = c.g_t + 1 < c.n
     rows.term(rid[c.g_id], c.f_col, 1.0)
     rows.term(rid[nxt], c.s_col[c.g_t[nxt] + 1, c.g_i[nxt]], 1.0, c.s_fixed[c.g_t[nxt] + 1, c.g_i[nxt]])
 
 
-def _rows_free_at_most_once(rows: _Rows, c: _Cells) -> None:
+def _rows_free_at_most_once(rows: Rows, c: _Cells) -> None:
     """``sum_k FREE[t, i, k] + S[t+1, i] <= 1``: a value is freed at most once, and not if held on."""
     rid = rows.new(c.ng, -np.inf, 1.0)
     _leave_stage_terms(rows, c, rid)
 
 
-def _rows_flow(rows: _Rows, c: _Cells) -> None:
+def _rows_flow(rows: Rows, c: _Cells) -> None:
     """``sum_k FREE[t, i, k] + S[t+1, i] <= R[t, i] + S[t, i]``: a value leaves a stage (freed or
     kept) at most as often as it is present in it (this implies the carry row of ``(t, i)``)."""
     rid = rows.new(c.ng, -np.inf, 0.0)
@@ -585,7 +437,7 @@ def _rows_flow(rows: _Rows, c: _Cells) -> None:
     rows.term(rid, c.s_col[c.g_t, c.g_i], -1.0, c.s_fixed[c.g_t, c.g_i])
 
 
-def _rows_free_after_last_use(rows: _Rows, c: _Cells, graph: "Graph") -> None:
+def _rows_free_after_last_use(rows: Rows, c: _Cells, graph: "Graph") -> None:
     """``sum_{k < j} FREE[t, i, k] + R[t, j] <= 1`` for each user ``j`` of ``i`` with ``k < j < t``:
     no value is freed before a later use (one row per ``(t, i, j)``, a clique cut)."""
     n, f_t, f_i, f_k = c.n, c.f_t, c.f_i, c.f_k
@@ -609,7 +461,7 @@ def _rows_free_after_last_use(rows: _Rows, c: _Cells, graph: "Graph") -> None:
     rows.term(rid, c.r_col[ut, uj], 1.0)
 
 
-def _rows_free_definition(rows: _Rows, c: _Cells) -> None:
+def _rows_free_definition(rows: Rows, c: _Cells) -> None:
     """``sum_k FREE[t, i, k] + S[t+1, i] >= R[t, p]`` for every position ``p`` of value ``i`` in stage
     ``t``: a value that the stage touches and does not keep is freed (the exact FREE definition)."""
     n, nf, ng = c.n, c.nf, c.ng
@@ -645,7 +497,7 @@ def _rows_free_definition(rows: _Rows, c: _Cells) -> None:
     rows.term(row_rep, f_col[np.repeat(g_first[g_of], rep) + offset_in_group], 1.0)
 
 
-def _rows_memory_budget(rows: _Rows, c: _Cells) -> None:
+def _rows_memory_budget(rows: Rows, c: _Cells) -> None:
     """``U[t, k0] = sum_i mem[i] S[t, i] + mem[k0] R[t, k0]`` and ``U[t, k] = U[t, k'] + mem[k] R[t, k]
     - sum_i mem[i] FREE[t, i, k']``; the budget is the bound ``U <= budget - fixed`` of the U columns."""
     n, nu, u_t, u_k, u_col0, mem = c.n, c.nu, c.u_t, c.u_k, c.u_col0, c.mem
@@ -665,7 +517,7 @@ def _rows_memory_budget(rows: _Rows, c: _Cells) -> None:
     rows.term(next_row[c.f_t, c.f_k], c.f_col, mem[c.f_i])
 
 
-def _rows_residency(rows: _Rows, graph: "Graph", c: _Cells, fraction: float) -> None:
+def _rows_residency(rows: Rows, graph: "Graph", c: _Cells, fraction: float) -> None:
     """``sum_{i < k, i not an input of k} mem[i] S[t+1, i] + W[k] R[t, k] <= cap``: while ``k`` runs in
     stage ``t``, its working set ``W[k]`` (inputs and output) and every value held into ``t + 1`` are
     resident.
@@ -733,7 +585,7 @@ def build_formulation(graph: "Graph", budget_bytes: int, *, exact_free: bool = F
     unit, mem, cap, integral = _mem_units(graph, budget_bytes, integral_units)
     c = _cells(graph, mem, cap)
 
-    rows = _Rows()
+    rows = Rows()
     _rows_compute_requires_inputs(rows, c)
     _rows_retain_requires_prior(rows, c, flow_rows)
     if exclusive_rows:

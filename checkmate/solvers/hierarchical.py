@@ -70,9 +70,8 @@ CALIBRATION_ROUNDS = 3
 SETTLE_ROUNDS = 12
 # Programme rounds that still run after the time limit when no schedule fits yet.
 LATE_ROUNDS = 3
-# Flat LP bound: computed when the graph has at most this many nodes (its model has O(n^2) variables:
-# 6 s at 118 nodes, 19 s at 152, over 120 s at 326 on this project's 2-core machine), within at most
-# this share of the time limit.
+# Flat LP bound: computed up to this many nodes (its model has O(n^2) variables), within at most this
+# share of the time limit. Measured: experiments/results/README.md, section i.
 LP_BOUND_MAX_NODES = 160
 LP_BOUND_TIME_FRACTION = 0.25
 LP_BOUND_DEFAULT_TIME_S = 30.0

@@ -21,15 +21,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["RACE_MIN_NODES", "CP_LABEL", "race_wanted", "start_race", "race_proved", "beside_race", "cp_gap"]
 
-# Smallest graph whose branch and bound races CP-SAT by default. The child needs 1.5-3 s to start
-# (Python, OR-Tools) and build its model; below this size HiGHS proves the optimum in less (a 16-node
-# U-Net: 0.2-0.3 s at every tight budget), while unit training chains of 20 and 32 nodes already take
-# HiGHS 5.9, 44 and 138 s where the race ends in 1.7, 3.8 and 11.6 s.
+# Below this size HiGHS proves the optimum before the child has started.
+# Measured: experiments/results/README.md, section i.
 RACE_MIN_NODES = 20
-# CP-SAT stops at its first incumbent within the gap, where HiGHS usually has the exact optimum by
-# then: at 1e-4 it returned U-Net (1.1x the minimum) 1.6e-6 above the optimum; at 1e-6 the optimum
-# itself, in the same 6 s. Where its objective counts whole cost steps a proof is asked exact instead
-# (see ``solve_cp_model``).
+# CP-SAT stops at its first incumbent within the gap, so a proof asks it for less (exact where its
+# objective counts whole cost steps: see ``solve_cp_model``). Measured: experiments/results/README.md, section i.
 CP_GAP_SHARE = 0.01
 # How results name the CP-SAT model (its schedules and its proofs).
 CP_LABEL = "CP-SAT"
@@ -68,7 +64,9 @@ def cp_gap(mip_gap: float) -> float:
     return mip_gap * CP_GAP_SHARE if mip_gap <= PROVEN_MIP_GAP else mip_gap
 
 
-# How often the caller looks at the child's pipe while branch and bound runs beside it (seconds).
+# How often the caller looks at the child's pipe while branch and bound runs beside it (seconds): a
+# proof is taken within this, where HiGHS' own callback noticed it up to seconds late.
+# Measured: experiments/results/README.md, section i.
 RACE_POLL_S = 0.02
 
 
@@ -77,10 +75,10 @@ def beside_race(race: CpSatChild, solve):
     this thread watches the child: its result, or None as soon as the child proves optimality.
 
     HiGHS lets itself be interrupted only between nodes and cut rounds, at times seconds apart; its
-    callback alone noticed the child's proof up to 1.8 s late (U-Net at 1.1x the minimum: 1.3 s of a
-    4.4 s solve). HiGHS releases the interpreter lock while it runs, so this thread answers at once;
-    HiGHS stops at its next callback, and the HiGHS backend lets no other solve start before it has
-    (see ``backends.highs``). Only this thread reads the child's pipe. Ctrl-C here stops HiGHS too.
+    callback alone noticed the child's proof up to seconds late (see ``RACE_POLL_S``). HiGHS releases
+    the interpreter lock while it runs, so this thread answers at once; HiGHS stops at its next
+    callback, and the HiGHS backend lets no other solve start before it has (see ``backends.highs``).
+    Only this thread reads the child's pipe. Ctrl-C here stops HiGHS too.
     """
     stop = threading.Event()
     box: dict = {}

@@ -1,4 +1,4 @@
-"""The strategy registry: every strategy's name, where it lives, what kind it is and its options.
+"""The strategy registry: every strategy's name, where it lives and what kind it is; option checking.
 
 Implementations are named by ``"module:function"`` and imported on first use, so that choosing a
 baseline never loads the MILP's solvers.
@@ -39,19 +39,18 @@ STRATEGIES: dict[str, StrategySpec] = {
         StrategySpec("griewank_logn", f"{_B}:griewank_logn", True,
                      "binomial checkpointing (revolve) over the articulation-point chain", _BASE),
         StrategySpec("checkmate_milp", f"{_M}:checkmate_milp", True,
-                     "Checkmate's MILP: the cheapest schedule that fits, with a proven bound", _SOLVER,
-                     options=MilpOptions),
+                     "Checkmate's MILP: the cheapest schedule that fits, with a proven bound", _SOLVER),
         StrategySpec("checkmate_lp_rounding", f"{_M}:checkmate_lp_rounding", True,
-                     "LP relaxation of the MILP, rounded to a schedule that fits", _SOLVER, options=MilpOptions),
+                     "LP relaxation of the MILP, rounded to a schedule that fits", _SOLVER),
         StrategySpec("lower_bound_lp", f"{_M}:lower_bound_lp", True,
                      "LP relaxation's bound on the cost of any schedule that fits (no schedule)", _SOLVER,
-                     bound_only=True, options=MilpOptions),
+                     bound_only=True),
         StrategySpec("hierarchical", "checkmate.solvers.hierarchical:hierarchical", True,
                      "blocks of the graph solved once each by a small MILP, combined by dynamic "
                      "programming: near-optimal on deep models, thousands of nodes in minutes", _SOLVER),
         StrategySpec("auto", "checkmate.solvers.auto:auto", True,
                      "the exact MILP on small graphs, the hierarchical strategy on large ones, "
-                     "never worse than the best classic baseline", _SOLVER, options=MilpOptions),
+                     "never worse than the best classic baseline", _SOLVER),
     ]
 }
 

@@ -30,7 +30,8 @@ from checkmate.errors import SolverError
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, Backend, BackendResult, get_backend
 from checkmate.solvers.candidates import Candidate, baseline_candidates, evaluate, schedule_from_retain
 from checkmate.solvers.cp_schedule import CpSatChild
-from checkmate.solvers.formulation import CheckmateFormulation, build_formulation, cost_granularity
+from checkmate.solvers.formulation import CheckmateFormulation, build_formulation
+from checkmate.solvers.sparse_model import cost_granularity
 from checkmate.solvers.progress import SolveProgress
 from checkmate.solvers.race import CP_LABEL, beside_race, cp_gap, race_proved, start_race
 from checkmate.solvers.rounding import improve_by_holding, round_relaxation
@@ -214,10 +215,9 @@ def _run_stages(graph: "Graph", budget_bytes: int, options: SolveOptions, backen
     res = None
     proved_by = None
     best = cheapest()
-    # The child starts from the best rounding, before the local search: its search climbs from the
-    # bound, and the local search's better schedule did not make it faster (SegNet at 1.1x the
-    # minimum: 12.3 s from the rounding, 12-19 s from the local search's schedule, 28 s from none),
-    # so the two run side by side.
+    # The child starts from the best rounding, beside the local search: its search climbs from the
+    # bound, and the local search's better schedule did not make it faster.
+    # Measured: experiments/results/README.md, section i.
     racing_cp = race is not None and not solved(best, bound) and race.solve(
         hint_retain=None if best is None else best.schedule.retain, time_limit_s=remaining_s(deadline),
         mip_gap=cp_gap(options.mip_gap), abs_gap=proof_abs_gap_cost(form),

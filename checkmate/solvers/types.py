@@ -111,7 +111,6 @@ class StrategySpec:
     description: str
     kind: StrategyKind = StrategyKind.BASELINE
     bound_only: bool = False     # returns a lower bound and no schedule
-    options: type | None = None  # the dataclass of the strategy's own settings, if it has any
 
     @property
     def fn(self) -> Callable[["Graph", int, SolveOptions], StrategyOutput]:

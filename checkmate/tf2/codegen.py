@@ -310,9 +310,9 @@ class RematFunction:
         return tf.function(body, input_signature=self._specs, autograph=False)
 
     @property
-    def strategy(self) -> Any:
+    def distribution(self) -> Any:
         """The ``tf.distribute`` strategy the step was lowered under (``None``: none)."""
-        return self.lowered.strategy
+        return self.lowered.distribution
 
     def replica_call(self, *flat) -> tuple:
         """``(loss, *grads, *preds)`` of one replica's batch (see :meth:`split`), the plan's ops imported
@@ -353,7 +353,7 @@ class RematFunction:
     @property
     def replicas(self) -> int:
         """Replicas in sync under the step's strategy (1 without one)."""
-        return 1 if self.strategy is None else int(self.strategy.num_replicas_in_sync)
+        return 1 if self.distribution is None else int(self.distribution.num_replicas_in_sync)
 
     def flat_args(self, x: Any, y: Any, per_replica: bool = False) -> list:
         """``x`` and ``y`` flattened, checked against the compiled shapes (and tensors' dtypes) where
@@ -386,7 +386,7 @@ class RematFunction:
     def distribute(self, flat: Sequence[Any]) -> list:
         """Global-batch tensors as per-replica values, replica ``r`` taking rows ``[r * b, (r + 1) * b)``
         of each (``b``: the compiled batch); values already distributed pass unchanged."""
-        strategy = self.strategy
+        distribution = self.distribution
         out = []
         for value, spec in zip(flat, self._specs):
             if isinstance(value, tf.distribute.DistributedValues):
@@ -394,7 +394,7 @@ class RematFunction:
                 continue
             tensor = tf.convert_to_tensor(value, spec.dtype)
             rows = int(spec.shape[0])
-            out.append(strategy.experimental_distribute_values_from_function(
+            out.append(distribution.experimental_distribute_values_from_function(
                 lambda ctx, t=tensor, b=rows: t[ctx.replica_id_in_sync_group * b:(ctx.replica_id_in_sync_group + 1) * b]))
         return out
 
@@ -403,13 +403,13 @@ class RematFunction:
         values; the loss (each replica's share) and the gradients are summed over the replicas, as the
         optimizer's all-reduce sums them."""
         if self._distributed_function is None:
-            strategy = self.strategy
+            distribution = self.distribution
 
             count = 1 + len(self.lowered.grad_tensors)     # the loss and the gradients, not predictions
 
             def run(*flat):
-                out = strategy.run(self.replica_call, args=flat)
-                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out[:count])
+                out = distribution.run(self.replica_call, args=flat)
+                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out[:count])
 
             self._distributed_function = tf.function(run, autograph=False)
         return self._distributed_function
@@ -418,7 +418,7 @@ class RematFunction:
     def concrete_function(self):
         """The generated ``ConcreteFunction`` over the flat inputs (for nesting in other functions;
         without a strategy: under one, :meth:`replica_call` runs the plan in each replica)."""
-        if self.strategy is not None:
+        if self.distribution is not None:
             raise InvalidArgumentError("the step was compiled under a tf.distribute strategy: it runs per replica "
                                        "(replica_call inside strategy.run), not as one concrete function")
         if self._concrete is None:
@@ -430,7 +430,7 @@ class RematFunction:
         """Call with flat tensors. Inside another ``tf.function`` this nests the generated function;
         the caller must then run under :func:`checkmate.tf2._compat.grappler_disabled` itself. Under a
         strategy (called eagerly): the global batch split over the replicas, loss and gradients summed."""
-        if self.strategy is not None:
+        if self.distribution is not None:
             fn, flat = self._distributed(), self.distribute(flat)
         else:
             fn = self.concrete_function
@@ -467,7 +467,7 @@ class RematFunction:
         Reads the post-optimization graph that TF actually ran (after inlining, Grappler and CSE), so
         a recomputation merged away by the runtime shows up as a missing copy.
         """
-        if self.strategy is not None:
+        if self.distribution is not None:
             raise InvalidArgumentError("executed_op_counts runs one instance of the step: compile it without a "
                                        "tf.distribute strategy to count its ops")
         flat = self.flat_args(x, y)

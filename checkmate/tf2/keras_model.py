@@ -255,30 +255,31 @@ class RematModel(keras.Model):
         options.setdefault("predictions", _compat.has_compiled_metrics(self))
         if self.strategy is not None:
             options["strategy"] = self.strategy
-        strategy = self._replicated_strategy()
+        distribution = self._replicated_distribution()
         _log.info("compiling the rematerialized step of %s for batches of %d%s", self.inner.name, batch,
-                  f" per replica ({strategy.num_replicas_in_sync} replicas)" if strategy is not None else "")
-        # the lowering traces one replica's step under the model's strategy (see distribution_strategy)
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
+                  f" per replica ({distribution.num_replicas_in_sync} replicas)" if distribution is not None else "")
+        # the lowering traces one replica's step under the model's tf.distribute strategy (see
+        # distribution_strategy)
+        with distribution.scope() if distribution is not None else contextlib.nullcontext():
             return compile_step(self.inner, losses.step_loss(self), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
 
-    def _replicated_strategy(self) -> Any:
+    def _replicated_distribution(self) -> Any:
         """The model's ``tf.distribute`` strategy when it is one the step runs under (else ``None``)."""
-        strategy = self.distribute_strategy
-        if isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
-            return strategy
+        distribution = self.distribute_strategy
+        if isinstance(distribution, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+            return distribution
         return None
 
     def _replica_batches(self, data: Any) -> list[tuple[int, Any, Any, Any]]:
         """``(rows, x, y, sample_weight)`` of each local replica's part of one batch as ``fit`` hands it to the train
         function (distributed values: one part per replica; plain tensors: every replica gets them all)."""
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        strategy = self.distribute_strategy
+        distribution = self.distribute_strategy
 
         def parts(t):
             if isinstance(t, tf.distribute.DistributedValues):
-                return list(strategy.experimental_local_results(t))
+                return list(distribution.experimental_local_results(t))
             return None
 
         first = tf.nest.flatten(x)[0]
@@ -377,11 +378,11 @@ class RematModel(keras.Model):
         plan's ordering edges survive."""
         if self.train_function is not None and not force:
             return self.train_function
-        strategy = self.distribute_strategy
+        distribution = self.distribute_strategy
 
         def step_on_data(data):
-            outputs = strategy.run(self.train_step, args=(data,))
-            return tf.nest.map_structure(lambda v: strategy.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None),
+            outputs = distribution.run(self.train_step, args=(data,))
+            return tf.nest.map_structure(lambda v: distribution.reduce(tf.distribute.ReduceOp.MEAN, v, axis=None),
                                          outputs)
 
         one_step = step_on_data if self.run_eagerly else tf.function(step_on_data, autograph=False)

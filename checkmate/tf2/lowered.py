@@ -59,7 +59,7 @@ class LoweredGraph:
     pred_structure:
         With predictions (``lower(..., predictions=True)``): the model's output in the training forward
         pass, a nest of tensor names that the step returns after the gradients; ``None`` otherwise.
-    strategy:
+    distribution:
         The ``tf.distribute`` strategy the step was traced under (one replica's step, its batch the
         replica's share), or ``None``.
     capture_variables:
@@ -84,5 +84,5 @@ class LoweredGraph:
         return flat_names(self.pred_structure)
     metadata: Mapping[str, Any] = field(default_factory=dict)
     pred_structure: Any = None
-    strategy: Any = None
+    distribution: Any = None
     capture_variables: tuple[Any, ...] = ()

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -28,19 +28,21 @@ from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget, solve
-from checkmate.solvers.minimum_budget import strategy_minimum_budget as minimum_feasible_budget
+from checkmate.solvers.minimum_budget import strategy_minimum_budget
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
-from checkmate.tf2.keras_model import RematModel
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
 from checkmate.tf2.lowering.trace import strategy_name
 from checkmate.tf2.memory import available_device_memory, default_device
 
+if TYPE_CHECKING:  # pragma: no cover
+    from checkmate.tf2.keras_model import RematModel
+
 _log = logging.getLogger("checkmate.tf2")
 
 __all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "resident_bytes",
-           "accounting", "resolve_budget", "resolve_budget_reported", "minimum_feasible_budget", "RematModel"]
+           "accounting", "resolve_budget", "resolve_budget_reported"]
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ class CompiledStep:
     @property
     def distribution(self) -> Any:
         """The ``tf.distribute`` strategy the step was compiled under (``None``: none)."""
-        return self.lowered.strategy
+        return self.lowered.distribution
 
     @property
     def replicas(self) -> int:
@@ -194,12 +196,12 @@ class CompiledStep:
         """The same step without rematerialization (the traced plain ``tf.function``)."""
         flat = self.function.flat_args(x, y)
         if self.distribution is not None:
-            strategy = self.distribution
+            distribution = self.distribution
 
             def run(*per_replica):
-                out = strategy.run(self.function.plain_replica_call, args=per_replica)
+                out = distribution.run(self.function.plain_replica_call, args=per_replica)
                 loss, grads, _ = self.function.split(out)
-                return tuple(strategy.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in (loss, *grads))
+                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in (loss, *grads))
 
             out = tf.function(run, autograph=False)(*self.function.distribute(flat))
         else:
@@ -235,11 +237,11 @@ class CompiledStep:
         if self._train is None:
             self._build_optimizer()
             if self.distribution is not None:
-                strategy = self.distribution
+                distribution = self.distribution
 
                 def train(*flat):
-                    loss = strategy.run(self.replica_train_flat, args=flat)
-                    return (strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),)
+                    loss = distribution.run(self.replica_train_flat, args=flat)
+                    return (distribution.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None),)
 
                 self._train = tf.function(train, autograph=False)
                 return self._train
@@ -288,7 +290,11 @@ class CompiledStep:
     # ------------------------------------------------------------------------------ Keras
     def keras_model(self, **kwargs: Any) -> "RematModel":
         """A compiled ``keras.Model`` whose ``fit`` trains with this step (see :class:`RematModel`)."""
-        wrapper = RematModel(self, **kwargs)
+        # The Keras surface sits above compiled steps (it compiles them): it is reached through the
+        # package's public name when asked for, so that this module never imports it.
+        from checkmate import tf2
+
+        wrapper = tf2.RematModel(self, **kwargs)
         wrapper.compile(optimizer=self.optimizer)
         return wrapper
 
@@ -386,8 +392,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     except InfeasibleBudgetError as exc:
         minimum = exc.min_feasible_budget_bytes
         if minimum is None:
-            minimum = minimum_feasible_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
-                                              **solve_options)
+            minimum = strategy_minimum_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
+                                               **solve_options)
         minimum = _user_budget_for(int(minimum), resident, allocator_headroom)
         headroom_note = "" if planned == budget_bytes else (
             f", planned for {format_bytes(planned)} to leave {allocator_headroom:.0%} of the step's memory "
@@ -410,7 +416,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
-            gradient_nodes: bool | str = True, time_limit_s: float | None = None, cost_model: str = "flops",
+            gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "flops",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
             fused_batch_norm: bool = False, **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
@@ -441,9 +447,7 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         its own, resident from when it is computed, and the part of a layer its backward reads in a
         node of its own: the predicted peak follows the measured one, at ~1.65x the nodes, which
         the hierarchical strategy handles at any depth. ``False`` lowers the compact graph (one
-        forward and one backward node per layer, parameter gradients resident for the whole step);
-        ``"auto"`` picks the finer graph up to
-        :data:`checkmate.tf2.lowering.AUTO_GRADIENT_NODES_MAX_NODES` compact nodes.
+        forward and one backward node per layer, parameter gradients resident for the whole step).
         :meth:`CompiledStep.summary` says which one was used.
 
     predictions:

@@ -192,7 +192,7 @@ def test_measured_peak_follows_the_plan(name, request):
     model, loss, xs, ys = MODELS[name]()
     step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="50%",
                                  strategy=PEAK_STRATEGY[name], **SOLVE_OPTIONS)
-    # the default gradient_nodes="auto" splits these small graphs: the accounting this test checks
+    # the default gradient_nodes=True: the accounting this test checks
     assert step.lowered.metadata["gradient_nodes"]
     x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
     # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory)

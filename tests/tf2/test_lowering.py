@@ -597,23 +597,17 @@ def test_contract_holds_for_test_models(name, level, gradient_nodes):
     assert lg.level == level
 
 
-def test_gradient_nodes_auto_splits_small_compact_graphs_only(monkeypatch):
-    """"auto" decides on the compact graph's node count: the split graph for small compact graphs."""
-    from checkmate.tf2 import lowering
-
+def test_gradient_nodes_is_true_or_false():
+    """Gradient nodes split the compact graph; the compact node count is reported either way."""
     model, xs_ys = small_cnn(bn=True), specs((8, 8, 3))
     compact = lower(model, XENT, *xs_ys, level="layer")
     split = lower(model, XENT, *xs_ys, level="layer", gradient_nodes=True)
     assert compact.metadata["compact_nodes"] == compact.graph.n < split.graph.n
     assert split.metadata["compact_nodes"] == compact.graph.n
-    for threshold, expected in [(compact.graph.n, split), (compact.graph.n - 1, compact)]:
-        monkeypatch.setattr(lowering, "AUTO_GRADIENT_NODES_MAX_NODES", threshold)
-        auto = lower(model, XENT, *xs_ys, level="layer", gradient_nodes="auto")
-        assert auto.graph.names == expected.graph.names
-        assert auto.graph.fixed_mem == expected.graph.fixed_mem
-        assert auto.metadata["gradient_nodes"] == expected.metadata["gradient_nodes"]
-    with pytest.raises(InvalidArgumentError, match="gradient_nodes"):
-        lower(model, XENT, *xs_ys, level="layer", gradient_nodes="yes")
+    assert not compact.metadata["gradient_nodes"] and split.metadata["gradient_nodes"]
+    for value in ("auto", "yes", 2):
+        with pytest.raises(InvalidArgumentError, match="gradient_nodes"):
+            lower(model, XENT, *xs_ys, level="layer", gradient_nodes=value)
 
 
 def test_sequential_and_subclassed_models():

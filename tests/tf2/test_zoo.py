@@ -30,22 +30,19 @@ def test_names():
         assert zoo.describe(name)
 
 
-# "auto" lowers the large compact graphs (MobileNet, ResNet50, SegNet) compactly and splits the others: one
-# lowering per model covers both accountings.
-SPLIT_BY_AUTO = {"vgg16", "vgg19", "unet", "fcn8", *TEST_MODELS}
+# Gradient nodes for the small graphs, the compact graph for the large ones (MobileNet, ResNet50, SegNet):
+# one lowering per model covers both accountings.
+SPLIT = {"vgg16", "vgg19", "unet", "fcn8", *TEST_MODELS}
 
 
 @pytest.mark.parametrize("name", PAPER_MODELS + TEST_MODELS)
 def test_every_zoo_model_lowers_at_layer_level(name):
-    from checkmate.tf2.lowering import AUTO_GRADIENT_NODES_MAX_NODES
-
     model, loss, xs, ys = zoo.build_model(name, batch_size=2, input_shape=SMALL.get(name))
     assert xs.shape[0] == 2 and ys.shape[0] == 2
-    lg = lower(model, loss, xs, ys, level="layer", gradient_nodes="auto")
+    lg = lower(model, loss, xs, ys, level="layer", gradient_nodes=name in SPLIT)
     g = lg.graph
     split = lg.metadata["gradient_nodes"]
-    assert split == (name in SPLIT_BY_AUTO)
-    assert split == (lg.metadata["compact_nodes"] <= AUTO_GRADIENT_NODES_MAX_NODES)
+    assert split == (name in SPLIT)
     assert g.n == len(lg.node_ops)
     # gradients of every trainable variable are returned
     assert len(lg.grad_tensors) == len(model.trainable_variables)

@@ -1,4 +1,4 @@
-"""Solver backends for the backend-neutral :class:`~checkmate.solvers.formulation.SparseModel`.
+"""Solver backends for the backend-neutral :class:`~checkmate.solvers.sparse_model.SparseModel`.
 
 Each backend is a small :class:`~checkmate.solvers.backends.base.Backend` subclass with capability
 attributes, a lazy import and a status map (in the manner of cvxpy's solver layer). All of them answer with a :class:`BackendResult` whose ``status`` is

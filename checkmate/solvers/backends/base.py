@@ -19,7 +19,7 @@ from checkmate.errors import BackendUnavailableError, InvalidArgumentError, Solv
 from checkmate.solvers.types import PROVEN_MIP_GAP
 
 if TYPE_CHECKING:  # pragma: no cover
-    from checkmate.solvers.formulation import SparseModel
+    from checkmate.solvers.sparse_model import SparseModel
 
 __all__ = ["BackendResult", "Backend", "RowSplit", "split_rows", "quiet_stdout", "require_package",
            "OPTIMAL", "FEASIBLE", "NO_SOLUTION", "INFEASIBLE", "DEFAULT_FALLBACK"]

@@ -15,15 +15,11 @@ from checkmate.solvers.types import PROVEN_MIP_GAP
 __all__ = ["HighsBackend"]
 
 
-# Primal heuristics get six times HiGHS' default share of the branch-and-bound effort (0.05). With
-# the flow rows the relaxation is tight and the hard instances wait on incumbents, not on the bound:
-# synthetic SegNet at 1.1x its minimum budget takes 28-38 s over three seeds instead of 60-106 s;
-# the other benchmark graphs within +-10%.
+# Six times HiGHS' share of heuristics: with the flow rows hard instances wait on incumbents.
+# Measured: experiments/results/README.md, section i.
 _MIP_DEFAULTS = {"mip_heuristic_effort": 0.3}
-# A cutoff marks a yes/no question asked under a time limit (is there a schedule at or below it?), and
-# HiGHS' MIP presolve does not watch the time limit: on the larger layer graphs it ran for minutes
-# (SegNet at 416x608, 73,000 columns: over two minutes past a 40 s limit); without it the limit holds
-# to a second.
+# A cutoff marks a yes/no question under a time limit, and MIP presolve ignores the limit.
+# Measured: experiments/results/README.md, section i.
 _CUTOFF_OPTIONS = {"presolve": "off"}
 
 

@@ -40,8 +40,8 @@ measured peak can be below its prediction (by up to ~30% on the CNNs of experime
 Gradient nodes make the predicted step peak follow the measured one (within ~15% on the test
 models), at ~1.65x the nodes; the MILP's time grows much faster than that (MobileNet's LP
 relaxation: 6 s compact, 170 s with gradient nodes).
-:func:`checkmate.tf2.compile` picks gradient nodes by default when the compact graph is small
-(``gradient_nodes="auto"``: at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes).
+:func:`checkmate.tf2.compile` lowers with gradient nodes by default (the hierarchical strategy takes
+the larger graphs); :func:`lower` lowers the compact graph unless asked.
 ``metadata["gradient_nodes"]`` says whether the graph has gradient nodes (always at op level).
 """
 
@@ -68,21 +68,16 @@ from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaqu
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
 
 __all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops", "OpGraph", "OpInfo", "LEVELS",
-           "COST_MODELS", "LOSS_LAYER", "AUTO_GRADIENT_NODES_MAX_NODES", "WORKSPACE_SPLIT_FRACTION"]
+           "COST_MODELS", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION"]
 
 _log = logging.getLogger("checkmate.tf2.lowering")
 
 LEVELS = ("op", "layer")
 COST_MODELS = ("flops", "profile")
-# gradient_nodes="auto" splits the parameter gradients into nodes of their own when the compact layer
-# graph has at most this many nodes. The split adds ~65% nodes and the MILP's time grows much faster:
-# VGG16 (46 -> 75 nodes) and U-Net (64 -> 104) stay where the MILP is practical; MobileNet (208 -> 343)
-# does not (its LP relaxation alone goes from 6 s to 170 s).
-AUTO_GRADIENT_NODES_MAX_NODES = 120
 
 
 def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = "layer", *,
-          gradient_nodes: bool | str = False, cost_model: str = "flops", name: str | None = None,
+          gradient_nodes: bool = False, cost_model: str = "flops", name: str | None = None,
           profile_options: Mapping[str, Any] | None = None, progress: bool = True,
           optimizer: Any = None, predictions: bool = False, fused_batch_norm: bool = False) -> LoweredGraph:
     """Lower one training step of ``model`` to a :class:`LoweredGraph`.
@@ -101,9 +96,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         Layer level only (op level is exact either way). ``False``: the compact graph, parameter
         gradients in ``fixed_mem`` for the whole step. ``True``: parameter gradients in output nodes
         of their own (``<layer>_grad:params``) and the part of a layer its backward reads in
-        ``<layer>:saved``: a closer memory prediction, ~1.65x the nodes. ``"auto"``: ``True`` when the
-        compact graph has at most :data:`AUTO_GRADIENT_NODES_MAX_NODES` nodes. See the module
-        docstring for the trade-off.
+        ``<layer>:saved``: a closer memory prediction, ~1.65x the nodes. See the module docstring
+        for the trade-off.
     cost_model:
         ``"flops"`` (deterministic analytic estimate) or ``"profile"`` (run time of each node on the
         current device, cached on disk; see :mod:`checkmate.tf2.profiling`).
@@ -126,8 +120,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         raise InvalidArgumentError(f"unknown level {level!r}: expected one of {', '.join(LEVELS)}")
     if cost_model not in COST_MODELS:
         raise InvalidArgumentError(f"unknown cost model {cost_model!r}: expected one of {', '.join(COST_MODELS)}")
-    if gradient_nodes not in (True, False, "auto"):
-        raise InvalidArgumentError(f"gradient_nodes must be True, False or 'auto', not {gradient_nodes!r}")
+    if isinstance(gradient_nodes, str) or gradient_nodes not in (True, False):
+        raise InvalidArgumentError(f"gradient_nodes must be True or False, not {gradient_nodes!r}")
     started = time.perf_counter()
     _log.info("lowering %s (%s level)", getattr(model, "name", "model"), level)
     traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer, predictions=predictions,
@@ -144,7 +138,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         compact = layer_groups(traced, infos, op_graph)
         groups = merge_cycles(compact, op_graph)
         compact_nodes = len(groups)
-        split = (compact_nodes <= AUTO_GRADIENT_NODES_MAX_NODES) if gradient_nodes == "auto" else bool(gradient_nodes)
+        split = bool(gradient_nodes)
         if split:
             groups = merge_cycles(gradient_node_groups(compact, infos, op_graph, traced), op_graph)
     if not groups:

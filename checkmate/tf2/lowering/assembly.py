@@ -140,6 +140,6 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
         variables=traced.variables,
         metadata=metadata,
         pred_structure=traced.pred_structure,
-        strategy=traced.strategy,
+        distribution=traced.distribution,
         capture_variables=traced.capture_variables,
     )

@@ -53,7 +53,7 @@ class TracedStep:
     pred_structure: Any = None
     # the tf.distribute strategy it was traced under (None: none) and, per captured tensor, the
     # distributed variable it is a replica's handle of (see _capture_variables)
-    strategy: Any = None
+    distribution: Any = None
     capture_variables: tuple[Any, ...] = ()
 
 
@@ -340,7 +340,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         terminal_start=marks["terminal_start"],
         layer_calls=calls,
         pred_structure=marks.get("preds"),
-        strategy=strategy,
+        distribution=strategy,
         capture_variables=_capture_variables(function, strategy, candidates),
     )
 
