@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from checkmate._deadline import check_deadline
 from checkmate.errors import InvalidScheduleError
 from checkmate.io import atomic_write_json, read_text
 from checkmate.simulate import walk
@@ -167,6 +168,8 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
     held = np.ascontiguousarray(S).view(np.uint8).tobytes()  # held[t * n + i] == S[t, i]
     cells: list[int] = []
     for t in range(n):
+        if not t % 256:
+            check_deadline()  # a strategy's time limit holds on graphs of many thousand nodes too
         base = t * n
         if not seeds[t] and all(held[base + d] for d in deps[t]):
             cells.append(base + t)  # the common case: only node t, all of its inputs resident
