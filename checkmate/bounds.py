@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from checkmate._deadline import check_deadline
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 
@@ -132,6 +133,7 @@ def drop_holds_unread_by(graph: "Graph", retain: np.ndarray, recompute: np.ndarr
     becomes unnecessary once other holds are dropped survives, so callers repeat this with the new
     minimal recomputation until nothing changes.
     """
+    check_deadline()  # seconds of array work on graphs of many thousand nodes
     index = index or InputIndex(graph)
     read = index.read_in_stage(recompute) | graph.output[None, :]
     S = np.asarray(retain)

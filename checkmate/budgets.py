@@ -1,6 +1,8 @@
 """Memory budgets as people write them: parsing (``"2GiB"``, ``"1.5GB"``, ``"60%"``) and printing.
 
 A percentage refers to the checkpoint-all peak (:func:`checkmate.bounds.checkpoint_all_peak`).
+A plain byte count must be whole (``1.5`` or ``"1.5B"`` is refused, not floored); a size in larger
+units or a percentage is rounded down to whole bytes (``"1.1KiB"`` is 1126 bytes).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
             raise InvalidBudgetError(f"budget must be a positive number of bytes, got {budget!r}")
         if value < 1:
             raise _less_than_a_byte(budget, value)
+        if not value.is_integer():
+            raise _fractional_bytes(budget)
         return _bounded(int(value), budget)
     if not isinstance(budget, str):
         raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
@@ -69,6 +73,8 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
                                  "(use B, KB, MB, GB, KiB, MiB, GiB or %)")
     if number * _UNITS[unit] < 1:
         raise _less_than_a_byte(budget, number if unit == "" else None)
+    if _UNITS[unit] == 1 and number.denominator != 1:
+        raise _fractional_bytes(budget)
     return _bounded(math.floor(number * _UNITS[unit]), budget)
 
 
@@ -92,6 +98,11 @@ def _less_than_a_byte(budget: Any, number: Any) -> InvalidBudgetError:
         # a bare 0.6 is more likely meant as a fraction of the checkpoint-all peak than as 0.6 bytes
         message += f"; for a fraction of the checkpoint-all peak give a percentage, e.g. '{float(number) * 100:g}%'"
     return InvalidBudgetError(message)
+
+
+def _fractional_bytes(budget: Any) -> InvalidBudgetError:
+    return InvalidBudgetError(f"budget {_short(budget)} is not a whole number of bytes; give whole bytes, a size "
+                              "such as '2GiB', or a percentage such as '60%'")
 
 
 def format_bytes(num: float | None) -> str:

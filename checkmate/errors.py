@@ -16,6 +16,7 @@ __all__ = [
     "InfeasibleBudgetError",
     "SolverError",
     "BackendUnavailableError",
+    "TimeLimitError",
     "UnsupportedOpError",
     "InvalidArgumentError",
     "InvalidBudgetError",
@@ -62,6 +63,10 @@ class InfeasibleBudgetError(CheckmateError):
 
 class SolverError(CheckmateError):
     """A solver failed, timed out without any schedule, or returned something unusable."""
+
+
+class TimeLimitError(SolverError):
+    """A strategy reached its time limit before it had a schedule to return."""
 
 
 class BackendUnavailableError(SolverError):

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import networkx as nx
 import numpy as np
 
-from checkmate.errors import InvalidGraphError
+from checkmate.errors import InvalidArgumentError, InvalidGraphError
 from checkmate.io import atomic_write_json, read_text
 
 __all__ = ["Node", "Graph", "GraphBuilder", "load_graph", "save_graph", "graph_from_dict", "GRAPH_FORMAT"]
@@ -372,6 +372,8 @@ def graph_from_dict(data: Any, *, default_name: str = "graph") -> Graph:
 
 def load_graph(path: str | os.PathLike) -> Graph:
     """Read a graph file (native ``checkmate-graph/1`` or networkx node-link JSON)."""
+    if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
+        raise InvalidArgumentError(f"load_graph needs the path of a graph file, got {path!r}"[:200])
     path = Path(path)
     text = read_text(path, "graph file", InvalidGraphError)  # a leading byte-order mark is not an error
     try:
@@ -385,4 +387,6 @@ def load_graph(path: str | os.PathLike) -> Graph:
 
 def save_graph(graph: Graph, path: str | os.PathLike) -> None:
     """Write ``graph`` as native ``checkmate-graph/1`` JSON (atomically)."""
+    if not isinstance(graph, Graph):
+        raise InvalidArgumentError(f"save_graph needs a checkmate Graph, got {type(graph).__name__}")
     atomic_write_json(path, graph.to_dict())

@@ -8,6 +8,10 @@ is not a regular file (a directory, a device, a pipe) or that is read-only is re
 :class:`~checkmate.errors.OutputPathError`, as is a parent path that runs through a file. A write that
 fails removes its temporary file and leaves the target as it was. :class:`StagedOutputs` stages
 several files and renames them together at the end, so a run that fails late changes none of them.
+The temporary files being written are also known to :func:`remove_temporaries`, which a process ended
+from outside (the command line's handling of Ctrl-C and SIGTERM) calls before it exits.
+
+:func:`refuse_input_as_output` keeps a command from writing its result over one of its own inputs.
 """
 
 from __future__ import annotations
@@ -23,11 +27,53 @@ from typing import Any, Callable, Iterator
 from checkmate.errors import OutputPathError
 
 __all__ = ["output_target", "atomic_output", "atomic_write_text", "atomic_write_bytes", "atomic_write_json",
-           "StagedOutputs", "read_text"]
+           "StagedOutputs", "read_text", "remove_temporaries", "refuse_input_as_output", "check_path_argument"]
 
 # The permission bits a new output gets before the umask, as ``open(path, "w")`` would give it.
 _NEW_FILE_MODE = 0o666
 _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
+
+# Temporary files that exist right now (written, not yet renamed or removed); a set, since outputs may
+# be staged from several threads.
+_LIVE_TEMPORARIES: set[Path] = set()
+
+
+def remove_temporaries() -> None:
+    """Remove every temporary output file this process is still writing: for a process that is about
+    to end without unwinding (``os._exit``), which would otherwise leave them beside their targets."""
+    for tmp in list(_LIVE_TEMPORARIES):
+        _discard(tmp)
+
+
+def check_path_argument(path: Any, what: str) -> str | os.PathLike:
+    """``path`` if it is a non-empty path; an empty one would silently mean the current directory."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise OutputPathError(f"{what} must be a path, got {type(path).__name__}")
+    if os.fspath(path) == "":
+        raise OutputPathError(f"{what} is empty: give a file or directory name")
+    return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def refuse_input_as_output(output: str | os.PathLike, *inputs: str | os.PathLike | None,
+                           option: str = "--out") -> None:
+    """Raise :class:`OutputPathError` if writing ``output`` would replace one of ``inputs`` (the same
+    file, through a symbolic or hard link, or the same path)."""
+    out = Path(os.path.realpath(output))
+    for given in inputs:
+        if given is None or os.fspath(given) == "":
+            continue
+        source = Path(os.path.realpath(given))
+        if out == source or _same_file(out, source):
+            raise OutputPathError(f"{option} {str(output)!r} is the input file {str(given)!r}: writing it would "
+                                  "replace the input; choose another output")
 
 
 def _current_umask() -> int:
@@ -82,6 +128,7 @@ def _temp_beside(target: Path) -> Path:
     except OSError as exc:
         raise OutputPathError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
     os.close(fd)
+    _LIVE_TEMPORARIES.add(Path(name))
     return Path(name)
 
 
@@ -95,6 +142,7 @@ def _mode_for(target: Path) -> int:
 def _discard(tmp: Path) -> None:
     with contextlib.suppress(OSError):
         tmp.unlink()
+    _LIVE_TEMPORARIES.discard(tmp)
 
 
 @contextlib.contextmanager
@@ -106,6 +154,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[Path]:
         yield tmp
         os.chmod(tmp, _mode_for(target))
         os.replace(tmp, target)
+        _LIVE_TEMPORARIES.discard(tmp)
     except BaseException:
         _discard(tmp)
         raise
@@ -151,6 +200,7 @@ class StagedOutputs:
             os.chmod(tmp, _mode_for(target))
         for tmp, target in self._staged:
             os.replace(tmp, target)
+            _LIVE_TEMPORARIES.discard(tmp)
         self._staged.clear()
 
     def __exit__(self, *exc_info: Any) -> None:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from checkmate.errors import InvalidScheduleError
+from checkmate._deadline import check_deadline
+from checkmate.errors import InvalidArgumentError, InvalidScheduleError
 from checkmate.io import atomic_write_json, read_text
 from checkmate.simulate import walk
 
@@ -167,6 +168,8 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
     held = np.ascontiguousarray(S).view(np.uint8).tobytes()  # held[t * n + i] == S[t, i]
     cells: list[int] = []
     for t in range(n):
+        if not t % 256:
+            check_deadline()  # a strategy's time limit holds on graphs of many thousand nodes too
         base = t * n
         if not seeds[t] and all(held[base + d] for d in deps[t]):
             cells.append(base + t)  # the common case: only node t, all of its inputs resident
@@ -185,10 +188,15 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
 
 
 def save_schedule(schedule: Schedule, path: str | os.PathLike) -> None:
+    if not isinstance(schedule, Schedule):
+        raise InvalidArgumentError(f"save_schedule needs a Schedule (a result's .schedule), got "
+                                   f"{type(schedule).__name__}")
     atomic_write_json(path, schedule.to_dict())
 
 
 def load_schedule(path: str | os.PathLike, graph: "Graph | None" = None) -> Schedule:
+    if not isinstance(path, (str, os.PathLike)) or os.fspath(path) == "":
+        raise InvalidArgumentError(f"load_schedule needs the path of a schedule file, got {path!r}"[:200])
     path = Path(path)
     text = read_text(path, "schedule file", InvalidScheduleError)
     try:

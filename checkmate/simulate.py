@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
+from checkmate._deadline import check_deadline
 from checkmate.errors import InvalidArgumentError, InvalidScheduleError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -114,6 +115,7 @@ def walk(graph: "Graph", recompute: np.ndarray, retain: np.ndarray) -> Iterator[
         yield ("violation", int(t), f"stage {t} computes node {i} while its value is already resident")
 
     for t in range(n):
+        check_deadline()  # a walk is O(n) array work per stage: long on graphs of many thousand nodes
         computed = np.flatnonzero(R[t, : t + 1])
         if not R[t, t]:
             yield ("violation", t, f"stage {t} does not compute node {t}")
@@ -126,7 +128,11 @@ def walk(graph: "Graph", recompute: np.ndarray, retain: np.ndarray) -> Iterator[
             for d in deps[k]:
                 last_use[d] = int(k)
 
-        resident = set(int(i) for i in held)
+        # Residency as a boolean row, not a set: a stage may hold thousands of values (checkpoint-all
+        # holds every earlier one), and building a set of them per stage made the walk quadratic in
+        # Python on large graphs; the row costs one array operation per stage.
+        resident = np.zeros(n, dtype=bool)
+        resident[held] = True
         current = fixed + int(mem[held].sum())
         frees_after: dict[int, list[int]] = {}
         for i, k in last_use.items():
@@ -137,28 +143,27 @@ def walk(graph: "Graph", recompute: np.ndarray, retain: np.ndarray) -> Iterator[
             k = int(k)
             if k != t and not recomputable[k]:
                 yield ("violation", t, f"stage {t} recomputes node {k} ({graph.nodes[k].name}), which must run exactly once")
-            missing = [d for d in deps[k] if d not in resident]
+            missing = [d for d in deps[k] if not resident[d]]
             if missing:
                 yield ("violation", t, f"stage {t}: node {k} ({graph.nodes[k].name}) runs while its input(s) "
                                        f"{missing[:5]} are not resident")
-            if k not in resident:
-                resident.add(k)
+            if not resident[k]:
+                resident[k] = True
                 current += int(mem[k])
             yield ("compute", t, k, current)
             for i in sorted(frees_after.get(k, ())):
-                if i in resident:
-                    resident.remove(i)
+                if resident[i]:
+                    resident[i] = False
                     current -= int(mem[i])
                     yield ("free", t, i)
-        for i in sorted(resident):
-            if not keep_next[i] and not output[i]:
-                resident.remove(i)
-                current -= int(mem[i])
-                yield ("free", t, i)
+        for i in np.flatnonzero(resident & ~keep_next & ~output):
+            i = int(i)
+            resident[i] = False
+            current -= int(mem[i])
+            yield ("free", t, i)
         if t + 1 < n:
-            for i in np.flatnonzero(keep_next[: t + 1]):
-                if int(i) not in resident:
-                    yield ("violation", t, f"value {i} is held into stage {t + 1} but is not resident at the end of stage {t}")
+            for i in np.flatnonzero(keep_next[: t + 1] & ~resident[: t + 1]):
+                yield ("violation", t, f"value {i} is held into stage {t + 1} but is not resident at the end of stage {t}")
             for i in np.flatnonzero(output[: t + 1] & ~keep_next[: t + 1]):
                 yield ("violation", t, f"output {i} ({graph.nodes[i].name}) is not held into stage {t + 1}")
 
@@ -175,6 +180,7 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     Invalid schedules give meaningless numbers; the schedule a search keeps is validated by
     :func:`simulate` as usual. Tests check that both peaks agree.
     """
+    check_deadline()  # each call is seconds of array work on graphs of many thousand nodes
     n = graph.n
     R = np.asarray(recompute, dtype=bool)
     S = np.asarray(retain, dtype=bool)
@@ -187,13 +193,18 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     offsets = np.arange(int(reads.sum())) - np.repeat(np.cumsum(reads) - reads, reads)
     read_value = inputs[np.repeat((np.cumsum(in_degree) - in_degree)[comp_k], reads) + offsets]
     read_t = np.repeat(comp_t, reads)
-    # last_use[t * n + i]: the last node of stage t that is i itself or reads i
-    last_use = np.full(n * n, -1, dtype=np.int64)
-    np.maximum.at(last_use, read_t * n + read_value, np.repeat(comp_k, reads))
-    np.maximum.at(last_use, comp_t * n + comp_k, comp_k)
-    # Only values computed or read in a stage can be freed inside it; every other value held on entry
-    # stays for the whole stage (unused ones are freed at its end).
-    touched = np.unique(np.concatenate([comp_t * n + comp_k, read_t * n + read_value]))
+    # For each touched cell t * n + i (i computed or read in stage t), its last use: the last node of
+    # stage t that is i itself or reads i. Sorted by cell, then position, the last entry of each cell
+    # is its last use; this needs memory for the touched cells only, not an n^2 table (800 MB at
+    # 10,000 nodes). Only values computed or read in a stage can be freed inside it; every other
+    # value held on entry stays for the whole stage (unused ones are freed at its end).
+    cell = np.concatenate([read_t * n + read_value, comp_t * n + comp_k])
+    position = np.concatenate([np.repeat(comp_k, reads), comp_k])
+    order = np.lexsort((position, cell))
+    cell, position = cell[order], position[order]
+    last_of_cell = np.ones(cell.size, dtype=bool)
+    last_of_cell[:-1] = cell[1:] != cell[:-1]
+    touched, touched_last_use = cell[last_of_cell], position[last_of_cell]
     t_idx, i_idx = np.divmod(touched, n)
     keep_next = np.zeros(touched.size, dtype=bool)
     inner = t_idx < n - 1
@@ -202,16 +213,33 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     # Events at (stage, position): +mem where a value is computed, -mem just after its last use.
     # Memory while k runs in t = bytes held on entry + every event of stage t at a position <= k.
     width = n + 1
-    key = np.concatenate([comp_t * width + comp_k, t_idx[freed] * width + last_use[touched[freed]] + 1])
+    key = np.concatenate([comp_t * width + comp_k, t_idx[freed] * width + touched_last_use[freed] + 1])
     weight = np.concatenate([mem[comp_k], -mem[i_idx[freed]]])
     order = np.argsort(key, kind="stable")
     key = key[order]
     running = np.concatenate([[0], np.cumsum(weight[order])])
     upto = np.searchsorted(key, comp_t * width + comp_k, side="right")
     stage_start = np.searchsorted(key, comp_t * width, side="left")
-    held_bytes = np.dot(np.tril(S, -1), mem)
+    held_bytes = _held_bytes(S, mem)
     during = held_bytes[comp_t] + running[upto] - running[stage_start]
     return int(graph.fixed_mem) + (int(during.max()) if during.size else 0)
+
+
+# Rows of S multiplied at a time in _held_bytes: as int64 they take rows * n * 8 bytes (40 MB at
+# 10,000 nodes), where the whole matrix would take 800 MB.
+_HELD_ROWS_PER_BLOCK = 512
+
+
+def _held_bytes(S: np.ndarray, mem: np.ndarray) -> np.ndarray:
+    """Bytes held on entry to each stage (``S[t, i]`` for ``i < t``), exactly, in integers."""
+    n = S.shape[0]
+    mem = np.asarray(mem, dtype=np.int64)
+    held = np.zeros(n, dtype=np.int64)
+    for lo in range(0, n, _HELD_ROWS_PER_BLOCK):
+        hi = min(n, lo + _HELD_ROWS_PER_BLOCK)
+        block = np.tril(S[lo:hi], lo - 1)  # row r is stage lo + r: only i < lo + r count
+        held[lo:hi] = block.astype(np.int64) @ mem
+    return held
 
 
 def check_graph(graph: Any) -> None:

@@ -16,6 +16,7 @@ import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any, Callable, Iterator, Sequence
 
+from checkmate._lifetime import die_with_parent
 from checkmate.errors import BackendUnavailableError, InvalidArgumentError
 
 __all__ = ["EXECUTORS", "run_tasks", "iter_tasks", "default_workers", "terminate_descendants", "executor_session"]
@@ -35,12 +36,16 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _init_worker(shared: Any) -> None:
+def _init_worker(shared: Any, owner_pid: int | None = None) -> None:
     global _WORKER_SHARED
     _WORKER_SHARED = shared
     # Ctrl-C at a terminal reaches the whole process group; the parent decides what stops and ends the
     # workers itself, so a worker must neither die mid-task with a traceback nor outlive the parent.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A parent killed outright (SIGKILL) cannot end its workers: they end themselves. The forkserver,
+    # not the sweep, is a worker's parent, so the sweep's pid is watched explicitly; the forkserver
+    # and multiprocessing's resource tracker exit on their own once no worker holds their pipes.
+    die_with_parent(owner_pid)
 
 
 def _call_in_worker(fn: TaskFn, task: Any) -> Any:
@@ -78,7 +83,7 @@ def iter_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor
 
 def _iter_process(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_init_worker,
-                               initargs=(shared,))
+                               initargs=(shared, os.getpid()))
     finished = False
     try:
         pending = {pool.submit(_call_in_worker, fn, task): index for index, task in enumerate(tasks)}

@@ -39,6 +39,7 @@ graph, so an interrupted search resumes without solving again what it already an
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable, Sequence
@@ -264,6 +265,28 @@ def probe_digest(graph: Graph) -> str:
     return h.hexdigest()[:24]
 
 
+def valid_cached_probe(data: Any, batch_size: Any) -> bool:
+    """Whether a probe read from the cache has every field :class:`BatchProbe` needs, of the right type
+    and range, for ``batch_size``: a damaged or hand-edited file reads as a miss, not as a crash."""
+    def number(value: Any, optional: bool = True, integral: bool = False) -> bool:
+        if value is None:
+            return optional
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (integral and not isinstance(value, int)):
+            return False
+        return math.isfinite(value) and value >= 0
+
+    if not isinstance(data, dict):
+        return False
+    return (isinstance(data.get("batch_size"), int) and not isinstance(data.get("batch_size"), bool)
+            and data["batch_size"] > 0 and (batch_size is None or data["batch_size"] == batch_size)
+            and isinstance(data.get("fits"), bool) and isinstance(data.get("reason"), str)
+            and isinstance(data.get("decided", True), bool) and isinstance(data.get("source", ""), str)
+            and all(number(data.get(k)) for k in ("compute_cost", "cost_limit", "overhead", "lower_bound",
+                                                  "time_limit_s"))
+            and number(data.get("peak_memory_bytes"), integral=True)
+            and number(data.get("solve_seconds", 0.0), optional=False))
+
+
 def _cached_probe(cache: PointCache | None, key: dict | None, graph: Graph, compute: Callable[[], BatchProbe]
                   ) -> BatchProbe:
     """The probe of ``key`` on ``graph`` from ``cache``, or computed and stored.
@@ -276,7 +299,7 @@ def _cached_probe(cache: PointCache | None, key: dict | None, graph: Graph, comp
     time_limit_s = key.get("time_limit_s")
     full = {**{k: v for k, v in key.items() if k != "time_limit_s"}, "graph": probe_digest(graph),
             "format": _PROBE_FORMAT}
-    found = cache.get(full)
+    found = cache.get(full, lambda probe: valid_cached_probe(probe, key.get("batch_size")))
     if found is not None:
         tried_s = found.get("time_limit_s")
         longer = tried_s is not None and (time_limit_s is None or time_limit_s > tried_s)

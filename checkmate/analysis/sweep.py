@@ -146,13 +146,53 @@ def sweep_point_key(digest: str, task: _Task) -> dict:
             "mip_gap": task.mip_gap, "checkmate": __version__}
 
 
+def _number(value: Any, *, integral: bool = False, positive: bool = False) -> bool:
+    """A finite, non-negative JSON number (an int when ``integral``; above zero when ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if integral and not isinstance(value, int):
+        return False
+    return math.isfinite(value) and value >= 0 and (value > 0 or not positive)
+
+
+def valid_cached_row(row: Any, task: _Task) -> bool:
+    """Whether a row read from the cache is one that :func:`_solve_task` could have returned for
+    ``task``: every field of the right type and range, and consistent with the task and itself. A
+    damaged or hand-edited file would otherwise crash the sweep or copy nonsense into its CSV."""
+    if not isinstance(row, dict):
+        return False
+    feasible = row.get("feasible")
+    cost, peak, bound = row.get("compute_cost"), row.get("peak_memory_bytes"), row.get("lower_bound")
+    minimum = row.get("min_feasible_budget_bytes")
+    checks = [
+        row.get("strategy") == task.strategy,
+        isinstance(row.get("budget_bytes"), int) and not isinstance(row.get("budget_bytes"), bool)
+        and row["budget_bytes"] == task.budget_bytes,
+        feasible is True or feasible is False,  # failures are never stored
+        cost is None or _number(cost),
+        peak is None or _number(peak, integral=True),
+        bound is None or _number(bound),
+        isinstance(row.get("optimal"), bool),
+        _number(row.get("solve_seconds")),
+        isinstance(row.get("status"), str),
+        row.get("solver") is None or isinstance(row.get("solver"), str),
+        minimum is None or _number(minimum, integral=True, positive=True),
+    ]
+    if not all(checks):
+        return False
+    if feasible:
+        # a schedule has both a cost and a peak; a bound-only strategy has neither
+        return (cost is None) == (peak is None) and (cost is not None or STRATEGIES[task.strategy].bound_only)
+    return cost is None and peak is None and row["optimal"] is False
+
+
 def _run_points(tasks: Sequence[_Task], payload: dict, cache: PointCache, digest: str, into: list[Any],
                 **run: Any) -> list[Any]:
     """Rows of ``tasks`` into ``into`` (in task order): cached rows are read, the others solved and stored
     as each finishes, so an interruption loses at most the solves then running."""
     missing = []
     for index, t in enumerate(tasks):
-        found = cache.get(sweep_point_key(digest, t))
+        found = cache.get(sweep_point_key(digest, t), lambda row, t=t: valid_cached_row(row, t))
         if found is None:
             missing.append(index)
         else:

@@ -1,8 +1,9 @@
 """What every ``checkmate`` command shares: the exit codes, the argument parser and its value types,
 the one-line error messages, keeping stdout clean for ``--json`` and importing TensorFlow quietly.
 
-Exit codes (docs/design.md §5): 0 success, 2 bad input (output paths included), 3 infeasible budget,
-4 solver failure (running out of memory included), 130 interrupted.
+Exit codes (docs/design.md §5): 0 success (also when the reader of stdout goes away early), 2 bad
+input (output paths included, and an output that would replace an input), 3 infeasible budget, 4 solver
+failure (running out of memory included), 130 interrupted (SIGINT), 143 terminated (SIGTERM).
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from checkmate.errors import CheckmateError, InfeasibleBudgetError, MissingDepen
 from checkmate.logs import verbose_logging
 
 __all__ = ["EXIT_OK", "EXIT_INTERNAL", "EXIT_BAD_INPUT", "EXIT_INFEASIBLE", "EXIT_SOLVER", "EXIT_INTERRUPTED",
-           "Parser", "positive_int", "positive_float", "gap_fraction", "add_mip_gap", "shape", "strategy_list",
+           "EXIT_TERMINATED",
+           "Parser", "positive_int", "positive_float", "gap_fraction", "add_mip_gap", "shape", "path", "strategy_list",
            "command", "exit_code_for", "describe_error", "stdout_to_stderr", "import_tensorflow_quietly"]
 
-EXIT_OK = 0
-EXIT_INTERNAL = 1          # an unexpected error (a bug), or stdout closed by its reader
+EXIT_OK = 0               # also when the reader of stdout goes away before the end (``| head``)
+EXIT_INTERNAL = 1          # an unexpected error (a bug)
 EXIT_BAD_INPUT = 2         # also argparse's own code for a usage error
 EXIT_INFEASIBLE = 3
 EXIT_SOLVER = 4
 EXIT_INTERRUPTED = 130     # the shell's code for a process ended by SIGINT (128 + 2)
+EXIT_TERMINATED = 143      # the shell's code for a process ended by SIGTERM (128 + 15)
 
 
 class Parser(argparse.ArgumentParser):
@@ -83,6 +86,13 @@ def shape(text: str) -> tuple[int, ...]:
     if not dims or any(d <= 0 for d in dims):
         raise argparse.ArgumentTypeError(f"expected a shape like 224,224,3, got {text!r}")
     return dims
+
+
+def path(text: str) -> str:
+    """A file or directory argument: an empty one would silently mean the current directory."""
+    if text == "":
+        raise argparse.ArgumentTypeError("expected a path, got an empty string")
+    return text
 
 
 def strategy_list(text: str) -> list[str]:

@@ -2,9 +2,16 @@
 
 Each subcommand lives in a module of this package (:mod:`.solve`, :mod:`.extract`, :mod:`.compile`,
 :mod:`.sweep`, :mod:`.max_batch`, :mod:`.plot`) that declares its arguments and runs it. Exit codes
-(docs/design.md §5): 0 success, 2 bad input, 3 infeasible budget, 4 solver failure. Every error path
-prints exactly one line on stderr; set ``CHECKMATE_DEBUG=1`` to see the traceback instead. Commands
-that need TensorFlow import it only when they run.
+(docs/design.md §5): 0 success, 2 bad input, 3 infeasible budget, 4 solver failure, 130 interrupted by
+Ctrl-C (SIGINT), 143 terminated (SIGTERM). Every error path prints exactly one line on stderr; set
+``CHECKMATE_DEBUG=1`` to see the traceback instead. Commands that need TensorFlow import it only when
+they run.
+
+SIGTERM is handled like Ctrl-C: one line (``checkmate: terminated``), worker and solver processes
+stopped, temporary files removed, exit 143 (128 + 15, what a shell reports for a process ended by
+SIGTERM). A reader of stdout that goes away (``checkmate strategies | head -1``) ends the command
+quietly with exit 0, as it does for the standard Unix tools: the reader asked for no more; output files
+are written as usual.
 """
 
 from __future__ import annotations
@@ -25,8 +32,8 @@ import checkmate.cli.max_batch as max_batch
 import checkmate.cli.plot as plot
 import checkmate.cli.solve as solve
 import checkmate.cli.sweep as sweep
-from checkmate.cli._common import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, Parser, describe_error,
-                                   exit_code_for)
+from checkmate.cli._common import (EXIT_BAD_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_TERMINATED, Parser,
+                                   describe_error, exit_code_for)
 
 __all__ = ["build_parser", "main"]
 
@@ -61,19 +68,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     watch = _InterruptWatch.start()
     try:
-        return int(args.handler(args) or EXIT_OK)
+        code = int(args.handler(args) or EXIT_OK)
+        sys.stdout.flush()  # a reader gone by now is reported here, as below, not at interpreter exit
+        return code
     except KeyboardInterrupt as exc:
         if watch is not None and not watch.claim():
             _wait_forever()  # the watch is already ending the process with its own line
         _end_workers()
-        print(f"checkmate: interrupted{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        word, code = _stop_words()
+        print(f"checkmate: {word}{f'; {exc}' if str(exc) else ''}", file=sys.stderr)
+        return code
     except BrokenPipeError:
-        # the reader of stdout went away (``checkmate ... | head``): nothing more can be shown there,
-        # and Python would complain again when it flushes stdout at exit
+        # The reader of stdout went away (``checkmate ... | head``): it wants no more, as for any Unix
+        # tool, so the command ends quietly with success. stdout now goes nowhere, since Python would
+        # complain again when it flushes stdout at exit.
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_INTERNAL
+        return EXIT_OK
     except MemoryError as exc:
         # the memory a solver held is released as the traceback unwinds; the report needs little
         print(f"checkmate: {describe_error(exc)}", file=sys.stderr)
@@ -92,6 +103,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 # running in native code (HiGHS, TensorFlow) sees KeyboardInterrupt only when it returns, which may be
 # minutes later; the unwinding itself (writing a sweep's finished rows) takes well under a second.
 INTERRUPT_GRACE_S = 2.0
+# The same for SIGTERM, shorter: whoever sends it (a job scheduler, a supervisor, a test harness)
+# expects the process and its children gone within a couple of seconds, before its SIGKILL.
+TERMINATE_GRACE_S = 1.0
+
+# The stop signal received, if any: SIGTERM is raised as KeyboardInterrupt, so that every clean-up
+# written for Ctrl-C (killing workers, writing a sweep's finished rows) runs for it too; this tells
+# the two apart for the final line and the exit code.
+_received: list[int] = []
+
+
+def _terminate(signum, frame) -> None:
+    _received.append(signum)
+    raise KeyboardInterrupt()
+
+
+def _stop_words(signum: int | None = None) -> tuple[str, int]:
+    """The final line's word and the exit code for the stop signal ``signum`` (None: the one the
+    handlers saw; KeyboardInterrupt without a handled SIGTERM is Ctrl-C)."""
+    if signum == signal.SIGTERM or (signum is None and signal.SIGTERM in _received):
+        return "terminated", EXIT_TERMINATED
+    return "interrupted", EXIT_INTERRUPTED
 
 
 class _InterruptWatch:
@@ -116,6 +148,8 @@ class _InterruptWatch:
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             # a shell starts background commands with SIGINT ignored; the command still stops on it
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _terminate)
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         try:
@@ -141,14 +175,22 @@ class _InterruptWatch:
                 data = os.read(self._read_fd, 64)
                 if self._stopped or not data:
                     return
-                if signal.SIGINT in data:
+                if signal.SIGTERM in data:
+                    grace = TERMINATE_GRACE_S
                     break
-            time.sleep(INTERRUPT_GRACE_S)
+                if signal.SIGINT in data:
+                    grace = INTERRUPT_GRACE_S
+                    break
+            time.sleep(grace)
             if self._stopped or not self.claim():
                 return
             _end_workers()
-            os.write(2, b"checkmate: interrupted\n")
-            os._exit(EXIT_INTERRUPTED)
+            _remove_temporaries()
+            # the Python-level handler may not have run (the main thread is in native code): the
+            # signal read here says which one came
+            word, code = _stop_words(signal.SIGTERM if grace == TERMINATE_GRACE_S else signal.SIGINT)
+            os.write(2, f"checkmate: {word}\n".encode())
+            os._exit(code)
         finally:
             if self._stopped:
                 os.close(self._read_fd)
@@ -166,6 +208,21 @@ def _end_workers() -> None:
     from checkmate.analysis.executors import terminate_descendants
 
     terminate_descendants()
+
+
+def _remove_temporaries() -> None:
+    """What a process ended by ``os._exit`` would leave: half-written outputs and multiprocessing's
+    temporary folder (``pymp-*``), normally removed as the interpreter exits."""
+    from checkmate.io import remove_temporaries
+
+    remove_temporaries()
+    with contextlib.suppress(Exception):
+        import multiprocessing.util as mp_util
+        import shutil
+
+        folder = mp_util.process.current_process()._config.get("tempdir")  # set only once one was made
+        if folder:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _wait_forever() -> None:

@@ -9,7 +9,7 @@ import argparse
 import os
 from typing import Any
 
-from checkmate.cli._common import EXIT_OK, command, positive_int, shape
+from checkmate.cli._common import EXIT_OK, command, path, positive_int, shape
 from checkmate.errors import InvalidArgumentError
 
 __all__ = ["add_parser", "run", "load_keras_file"]
@@ -19,14 +19,14 @@ def add_parser(sub) -> None:
     p = sub.add_parser("extract", help="lower a Keras model to a training graph file")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--model", metavar="NAME", help="a model of checkmate.tf2.zoo")
-    src.add_argument("--keras-file", metavar="F.keras", help="a saved Keras model")
+    src.add_argument("--keras-file", type=path, metavar="F.keras", help="a saved Keras model")
     p.add_argument("--batch-size", type=positive_int, required=True)
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--level", choices=("layer", "op"), default="layer")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
     p.add_argument("--fused-batch-norm", action="store_true",
                    help="lower BatchNormalization on TensorFlow's fused kernel (see checkmate compile --help)")
-    p.add_argument("--out", required=True, metavar="GRAPH.json")
+    p.add_argument("--out", type=path, required=True, metavar="GRAPH.json")
     p.set_defaults(handler=command(run, tensorflow=True))
 
 
@@ -64,9 +64,10 @@ def load_keras_file(path: str, batch_size: int, input_shape: tuple[int, ...] | N
 
 def run(args: argparse.Namespace) -> int:
     from checkmate.graph import save_graph
-    from checkmate.io import output_target
+    from checkmate.io import output_target, refuse_input_as_output
     from checkmate.tf2.lowering import lower
 
+    refuse_input_as_output(args.out, args.keras_file)
     output_target(args.out)  # an unwritable --out is refused before the model is built and profiled
     if args.model:
         from checkmate.tf2 import zoo

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from checkmate.cli._common import EXIT_INFEASIBLE, EXIT_OK, command, positive_float, shape, strategy_list
+from checkmate.cli._common import EXIT_INFEASIBLE, EXIT_OK, command, path, positive_float, shape, strategy_list
 from checkmate.errors import InvalidArgumentError
 
 __all__ = ["add_parser", "run"]
@@ -23,7 +23,7 @@ def add_parser(sub) -> None:
     p.add_argument("--strategies", type=strategy_list, default=None)
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S", help="per MILP probe")
-    p.add_argument("--cache-dir", default=None, metavar="DIR",
+    p.add_argument("--cache-dir", type=path, default=None, metavar="DIR",
                    help="keep every probe here, so the same command run again resumes instead of solving again")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=command(run, tensorflow=True, counts_memory=True))

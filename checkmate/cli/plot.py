@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from checkmate.cli._common import EXIT_OK, command
+from checkmate.cli._common import EXIT_OK, command, path
 from checkmate.errors import InvalidScheduleError
 
 __all__ = ["add_parser", "run"]
@@ -14,20 +14,21 @@ __all__ = ["add_parser", "run"]
 
 def add_parser(sub) -> None:
     p = sub.add_parser("plot", help="draw a schedule's R/S matrices and memory curve")
-    p.add_argument("schedule", metavar="SCHEDULE.json")
-    p.add_argument("--graph", required=True, metavar="GRAPH.json")
-    p.add_argument("--out", required=True, metavar="schedule.png")
+    p.add_argument("schedule", type=path, metavar="SCHEDULE.json")
+    p.add_argument("--graph", type=path, required=True, metavar="GRAPH.json")
+    p.add_argument("--out", type=path, required=True, metavar="schedule.png")
     p.set_defaults(handler=command(run))
 
 
 def run(args: argparse.Namespace) -> int:
     from checkmate.analysis.plots import figure_format, plot_schedule
     from checkmate.graph import load_graph
-    from checkmate.io import output_target
+    from checkmate.io import output_target, refuse_input_as_output
     from checkmate.schedule import load_schedule
     from checkmate.simulate import replay_plan, simulate
     from checkmate.solvers import format_bytes
 
+    refuse_input_as_output(args.out, args.schedule, args.graph)
     figure_format(args.out)
     output_target(args.out)  # refuse a directory, device or read-only file before any work
     graph = load_graph(args.graph)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from checkmate.cli._common import EXIT_OK, add_mip_gap, command, positive_float, stdout_to_stderr
+from checkmate.cli._common import EXIT_OK, add_mip_gap, command, path, positive_float, stdout_to_stderr
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 
 __all__ = ["add_parsers", "run_strategies", "run_solve"]
@@ -25,7 +25,7 @@ def add_parsers(sub) -> None:
     p.set_defaults(handler=command(run_strategies))
 
     p = sub.add_parser("solve", help="schedule a graph file within a memory budget")
-    p.add_argument("graph", metavar="GRAPH.json")
+    p.add_argument("graph", type=path, metavar="GRAPH.json")
     p.add_argument("--budget", required=True, help="bytes, 2GiB, 1.5GB or 60%% (of the checkpoint-all peak)")
     p.add_argument("--strategy", default="auto",
                    help="strategy name (see 'checkmate strategies'; default: auto, the exact MILP on small "
@@ -37,7 +37,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help=f"print one JSON object with the fields {_JSON_FIELDS} (with --strategy all: a list "
                         "of them, one per strategy)")
-    p.add_argument("--out", default=None, metavar="SCHEDULE.json", help="write the schedule (checkmate-schedule/1)")
+    p.add_argument("--out", type=path, default=None, metavar="SCHEDULE.json",
+                   help="write the schedule (checkmate-schedule/1); never the input graph file")
     p.set_defaults(handler=command(run_solve))
 
 
@@ -68,8 +69,9 @@ def run_solve(args: argparse.Namespace) -> int:
         raise InvalidArgumentError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}, all")
     check_solver_name(args.solver)
     if args.out:
-        from checkmate.io import output_target
+        from checkmate.io import output_target, refuse_input_as_output
 
+        refuse_input_as_output(args.out, args.graph)
         output_target(args.out)  # refuse an unwritable --out before solving; written only on success
     graph = load_graph(args.graph)
     budget_bytes = parse_budget(args.budget, graph)
@@ -80,12 +82,15 @@ def run_solve(args: argparse.Namespace) -> int:
             result = solve(graph, budget_bytes, strategy=args.strategy, **_solve_kwargs(args))
     except InfeasibleBudgetError as exc:
         if args.json:
-            print(json.dumps(_infeasible_json(graph, args.strategy, args.solver, budget_bytes, exc)))
+            print(json.dumps(_infeasible_json(graph, args.strategy, args.solver, budget_bytes, exc), allow_nan=False))
         raise
+    # the whole answer is serialized before any output is written: a result that cannot be shown
+    # must not replace an earlier schedule file either
+    text = json.dumps(result.to_json_dict(), allow_nan=False) if args.json else None
     if args.out and result.schedule is not None:
         save_schedule(result.schedule, args.out)
-    if args.json:
-        print(json.dumps(result.to_json_dict()))
+    if text is not None:
+        print(text)
         return EXIT_OK
     print(f"graph {graph.name}: {graph.n} nodes, {len(graph.edges)} edges; budget {format_bytes(budget_bytes)}")
     print(f"strategy {result.strategy}" + (f" (solver {result.solver})" if result.solver else "") + f": {result.status}")
@@ -103,11 +108,13 @@ def run_solve(args: argparse.Namespace) -> int:
 
 
 def _infeasible_json(graph, strategy, solver, budget_bytes, exc: InfeasibleBudgetError) -> dict:
-    return {"graph": graph.name, "nodes": graph.n, "strategy": strategy, "solver": solver,
+    from checkmate.solvers.types import json_native
+
+    return json_native({"graph": graph.name, "nodes": graph.n, "strategy": strategy, "solver": solver,
             "budget_bytes": budget_bytes, "feasible": False, "optimal": False, "compute_cost": None,
             "baseline_cost": graph.total_cost, "overhead": None, "peak_memory_bytes": None,
             "lower_bound": None, "gap": None, "solve_seconds": None, "status": "infeasible",
-            "min_feasible_budget_bytes": exc.min_feasible_budget_bytes}
+            "min_feasible_budget_bytes": exc.min_feasible_budget_bytes})
 
 
 def _compare_all(graph, budget_bytes: int, args: argparse.Namespace) -> int:
@@ -125,7 +132,7 @@ def _compare_all(graph, budget_bytes: int, args: argparse.Namespace) -> int:
         except SolverError as exc:
             rows.append({"strategy": name, "feasible": None, "status": f"solver failed: {exc}"})
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(rows, allow_nan=False))
         return EXIT_OK
     print(f"graph {graph.name}: {graph.n} nodes, {len(graph.edges)} edges; budget {format_bytes(budget_bytes)}")
     print(f"{'strategy':<24} {'overhead':>9} {'peak memory':>14} {'lower bound':>12} {'seconds':>8}  status")

@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from checkmate.cli._common import EXIT_OK, add_mip_gap, command, positive_float, positive_int, shape, strategy_list
+from checkmate.cli._common import (EXIT_OK, add_mip_gap, command, path, positive_float, positive_int, shape,
+                                   strategy_list)
 from checkmate.errors import InvalidArgumentError
 
 __all__ = ["add_parser", "run", "PARTIAL_CSV"]
@@ -22,14 +23,14 @@ PARTIAL_CSV = "sweep.partial.csv"
 
 def add_parser(sub) -> None:
     p = sub.add_parser("sweep", help="every strategy over a grid of budgets: CSV + plot")
-    p.add_argument("graph", nargs="?", metavar="GRAPH.json")
+    p.add_argument("graph", type=path, nargs="?", metavar="GRAPH.json")
     p.add_argument("--model", metavar="NAME")
     p.add_argument("--batch-size", type=positive_int)
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--level", choices=("layer", "op"), default="layer", help="with --model: graph granularity")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="flops",
                    help="with --model: profiled op times on this device, or FLOP counts (default)")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--out", type=path, required=True, metavar="DIR")
     p.add_argument("--strategies", type=strategy_list, default=None)
     p.add_argument("--budgets", type=positive_int, default=10, metavar="N")
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
@@ -37,7 +38,7 @@ def add_parser(sub) -> None:
     add_mip_gap(p)
     p.add_argument("--executor", choices=("process", "ray", "serial"), default="process")
     p.add_argument("--workers", type=positive_int, default=None)
-    p.add_argument("--cache-dir", metavar="DIR", default=None,
+    p.add_argument("--cache-dir", type=path, metavar="DIR", default=None,
                    help="keep each solve's result in DIR as it finishes and reuse those found there (same graph, "
                         "strategy, budget and solver options): an interrupted sweep run again solves only the "
                         "points it had not finished (default: no cache)")
@@ -65,7 +66,7 @@ def _graph_from_args(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from checkmate.analysis.sweep import SweepInterrupted, sweep, write_sweep, write_sweep_rows
-    from checkmate.io import output_target
+    from checkmate.io import output_target, refuse_input_as_output
     from checkmate.solvers import format_bytes
     from checkmate.solvers.registry import STRATEGIES
 
@@ -73,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise InvalidArgumentError(f"--out {args.out!r} is not a directory")
     for name in ("sweep.csv", "sweep.json", "sweep.png"):
+        refuse_input_as_output(out / name, args.graph)
         output_target(out / name)  # refuse unwritable targets before the solves, not after
+    refuse_input_as_output(out / PARTIAL_CSV, args.graph)
     graph = _graph_from_args(args)
     try:
         result = sweep(graph, args.strategies, budgets=args.budgets, solver=args.solver,

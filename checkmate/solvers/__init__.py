@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from checkmate._deadline import deadline_scope
 from checkmate.bounds import checkpoint_all_peak
 from checkmate.budgets import format_bytes, parse_budget
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
@@ -23,7 +24,7 @@ from checkmate.simulate import check_graph, validate_schedule
 from checkmate.solvers.model_size import MODEL_STRATEGIES, model_fits
 from checkmate.solvers.registry import STRATEGIES, check_solver_name, get_strategy, make_options, strategy_names
 from checkmate.solvers.types import (DEFAULT_TIME_LIMIT_S, MilpOptions, SolveOptions, StrategyKind, StrategyOutput,
-                                     StrategySpec)
+                                     StrategySpec, json_native, native_float, native_int)
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -56,8 +57,26 @@ def _run_bounded(spec: StrategySpec, graph: "Graph", budget_bytes: int, opts: So
                               "strategy 'hierarchical' or a machine with more memory") from None
     if spec.name != "checkmate_milp":
         raise SolverError(f"{spec.name}: {why}; use --strategy hierarchical (or strategy='hierarchical')")
-    out = STRATEGIES["hierarchical"].fn(graph, budget_bytes, opts)
+    with deadline_scope(_hard_deadline(STRATEGIES["hierarchical"], time.perf_counter(), opts.time_limit_s),
+                        what="hierarchical"):
+        out = STRATEGIES["hierarchical"].fn(graph, budget_bytes, opts)
     return replace(out, status=f"hierarchical, since {why}: {out.status}")
+
+
+# Strategies without a solver (the baselines, and the hierarchical and auto strategies between their
+# solver calls) are held to the time limit by deadline checks in their loops. The baselines have
+# nothing to finish after it; the others stop their search at the limit themselves and then build and
+# replay their best schedule, which is given this much more before they are cut short.
+_FINISH_SHARE = 0.1
+_FINISH_S = 2.0
+
+
+def _hard_deadline(spec: StrategySpec, start: float, time_limit_s: float | None) -> float | None:
+    if time_limit_s is None or (spec.kind is StrategyKind.SOLVER and spec.name not in ("hierarchical", "auto")):
+        return None  # the MILP and LP strategies hand the limit to their solver
+    if spec.kind is StrategyKind.BASELINE:
+        return start + time_limit_s
+    return start + time_limit_s * (1 + _FINISH_SHARE) + _FINISH_S
 
 
 @dataclass(frozen=True)
@@ -77,6 +96,15 @@ class SolveResult:
     status: str
     feasible: bool = True
 
+    def __post_init__(self) -> None:
+        # Strategies compute with numpy; a result holds plain Python values only, so that it serializes
+        # with the standard json module and compares like the numbers it shows.
+        for name, convert in (("nodes", int), ("budget_bytes", int), ("compute_cost", native_float),
+                              ("baseline_cost", float), ("peak_memory_bytes", native_int),
+                              ("lower_bound", native_float), ("optimal", bool), ("solve_seconds", float),
+                              ("status", str), ("feasible", bool)):
+            object.__setattr__(self, name, convert(getattr(self, name)))
+
     @property
     def overhead(self) -> float | None:
         if self.compute_cost is None:
@@ -94,7 +122,7 @@ class SolveResult:
         return max(0.0, (self.compute_cost - self.lower_bound) / self.compute_cost)
 
     def to_json_dict(self) -> dict:
-        return {
+        return json_native({
             "graph": self.graph,
             "nodes": self.nodes,
             "strategy": self.strategy,
@@ -110,7 +138,7 @@ class SolveResult:
             "gap": self.gap,
             "solve_seconds": self.solve_seconds,
             "status": self.status,
-        }
+        })
 
 
 def solve(graph: "Graph", budget: Any, strategy: str = "auto", solver: str | None = None,
@@ -138,7 +166,8 @@ def solve(graph: "Graph", budget: Any, strategy: str = "auto", solver: str | Non
         time_limit_s = DEFAULT_TIME_LIMIT_S
     opts = make_options(solver, time_limit_s, **options)
     start = time.perf_counter()
-    out = _run_bounded(spec, graph, budget_bytes, opts)
+    with deadline_scope(_hard_deadline(spec, start, opts.time_limit_s), what=strategy):
+        out = _run_bounded(spec, graph, budget_bytes, opts)
     seconds = time.perf_counter() - start
     if out.schedule is None:
         return SolveResult(graph.name, graph.n, strategy, out.solver, budget_bytes, None, None,

@@ -1,9 +1,10 @@
 """The default strategy: the exact MILP where it is fast, the hierarchical strategy beyond, and the best
 classic baseline as a floor.
 
-``auto`` runs the cheap baselines first (each answers in seconds even on 10,000-node graphs), then
-the strategy that suits the graph's size within the time left, and returns the cheapest replayed
-schedule that fits. Its ``status`` names the strategy whose schedule it returns. When nothing fits,
+``auto`` runs the cheap baselines first (each answers in seconds on graphs of a few thousand nodes;
+together they get at most :data:`FLOOR_TIME_SHARE` of the time limit, and one that runs out of it is
+skipped), then the strategy that suits the graph's size within the time left, and returns the
+cheapest replayed schedule that fits. Its ``status`` names the strategy whose schedule it returns. When nothing fits,
 the :class:`InfeasibleBudgetError` names the smallest budget at which one of them succeeds.
 """
 
@@ -14,8 +15,9 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from checkmate._deadline import deadline_scope, no_deadline
 from checkmate.bounds import cost_lower_bound
-from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError, TimeLimitError
 from checkmate.simulate import simulate
 from checkmate.solvers.registry import STRATEGIES
 from checkmate.solvers.types import SolveOptions, StrategyOutput, relative_gap, within_words
@@ -30,6 +32,10 @@ __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES"]
 AUTO_MILP_MAX_NODES = 160
 # The baselines that form the floor: the budget-aware ones search their whole family for the budget.
 FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "griewank_logn", "checkpoint_last_node")
+# The share of the time limit the floor may take, all of its strategies together: the rest is left to
+# the main strategy. (On graphs of many thousand nodes a baseline's quadratic schedule alone can take
+# minutes; one that does not finish in its share is skipped.)
+FLOOR_TIME_SHARE = 0.4
 
 _logger = logging.getLogger("checkmate")
 
@@ -39,20 +45,32 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     deadline = None if options.time_limit_s is None else start + float(options.time_limit_s)
     results: list[tuple[float, str, "StrategyOutput"]] = []
     minimums: list[int] = []
+    timed_out: list[str] = []
 
-    def attempt(name: str, opts: "SolveOptions") -> None:
+    def attempt(name: str, opts: "SolveOptions", until: float | None = None) -> None:
         try:
-            out = STRATEGIES[name].fn(graph, budget_bytes, opts)
+            with deadline_scope(until, what=name):
+                out = STRATEGIES[name].fn(graph, budget_bytes, opts)
         except InfeasibleBudgetError as exc:
             if exc.min_feasible_budget_bytes is not None:
                 minimums.append(int(exc.min_feasible_budget_bytes))
             return
+        except TimeLimitError:
+            timed_out.append(name)
+            _logger.info("auto: %s did not finish within its share of the time limit", name)
+            return
         except SolverError as exc:
             _logger.info("auto: %s failed (%s)", name, exc)
             return
+        except CheckmateError as exc:
+            # a baseline that does not apply to this graph (griewank_logn on a graph of backward
+            # nodes only, say): the others still answer
+            _logger.info("auto: %s does not apply (%s)", name, exc)
+            return
         if out.schedule is None:
             return
-        sim = simulate(graph, out.schedule)
+        with no_deadline():  # the check of a finished schedule is never cut short
+            sim = simulate(graph, out.schedule)
         if not sim.valid:
             return
         if sim.peak_memory_bytes > budget_bytes:
@@ -63,13 +81,17 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                      sim.compute_cost / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
 
     base_opts = replace(options, time_limit_s=None)
+    floor_until = None if deadline is None else start + FLOOR_TIME_SHARE * float(options.time_limit_s)
     for name in FLOOR_STRATEGIES:
-        attempt(name, base_opts)
+        attempt(name, base_opts, floor_until)
     main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
     left = None if deadline is None else max(deadline - time.perf_counter(), 1.0)
     best_floor = min(results, key=lambda r: r[0]) if results else None
     if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
         attempt(main, replace(options, time_limit_s=left))
+    if not results and timed_out and not minimums:
+        raise TimeLimitError(f"auto: no strategy found a schedule within the time limit of {options.time_limit_s:g} s "
+                             f"({', '.join(timed_out)} ran out of time); raise the time limit")
     if not results:
         minimum = min(minimums) if minimums else None
         raise InfeasibleBudgetError(

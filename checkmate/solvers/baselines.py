@@ -27,9 +27,10 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
+from checkmate._deadline import check_deadline
 from checkmate.bounds import InputIndex, checkpoint_all_schedule, drop_holds_unread_by, last_use_stage
 from checkmate.budgets import format_bytes
-from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, TimeLimitError
 from checkmate.schedule import Schedule, minimal_recompute
 from checkmate.simulate import peak_memory_bytes
 from checkmate.solvers.types import SolveOptions, StrategyOutput
@@ -237,6 +238,7 @@ def chen_greedy_checkpoint_sets(graph: "Graph", candidates: Sequence[int]) -> li
     sets: list[tuple[int, ...]] = []
     threshold = -1
     while True:
+        check_deadline()  # one pass per set: thousands of passes over thousands of nodes on long chains
         total = 0
         chosen = []
         next_threshold = None
@@ -281,7 +283,9 @@ def _search_family(size: int, evaluate: Callable[[int], tuple[float, int, np.nda
     That refinement does not depend on the budget, so the reported peak is exactly the smallest
     budget at which this search returns a schedule: with it, the same sample and the same descent
     reach that member, and with any less nothing it evaluates fits. Families of at most
-    ``_COARSE_POINTS`` members are searched exhaustively.
+    ``_COARSE_POINTS`` members are searched exhaustively. When the caller's deadline passes
+    (:mod:`checkmate._deadline`), the cheapest member found to fit so far is returned, and
+    :class:`~checkmate.errors.TimeLimitError` raised if none has been.
     """
     results: dict[int, tuple[float, int, np.ndarray, np.ndarray]] = {}
 
@@ -293,6 +297,23 @@ def _search_family(size: int, evaluate: Callable[[int], tuple[float, int, np.nda
     def fits(index: int) -> bool:
         return get(index)[1] <= budget_bytes
 
+    try:
+        _search(size, get, fits, budget_bytes, results)
+    except TimeLimitError:
+        # The time limit came first: the cheapest member found to fit so far is the answer, if any.
+        if not any(peak <= budget_bytes for _, peak, _, _ in results.values()):
+            raise
+    fitting = [(cost, peak, index) for index, (cost, peak, _, _) in results.items() if peak <= budget_bytes]
+    if not fitting:
+        min_peak = min(peak for _, peak, _, _ in results.values())
+        raise _infeasible(strategy, budget_bytes, min_peak, what)
+    _, _, index = min(fitting)
+    return results[index][2], results[index][3]
+
+
+def _search(size: int, get: Callable[[int], tuple], fits: Callable[[int], bool], budget_bytes: int,
+            results: dict) -> None:
+    """The evaluations of :func:`_search_family`, into ``results``."""
     sample = sorted(set(np.linspace(0, size - 1, min(size, _COARSE_POINTS)).round().astype(int).tolist()))
     for a, b in zip(sample, sample[1:]):
         if not fits(a) and fits(b):
@@ -325,12 +346,6 @@ def _search_family(size: int, evaluate: Callable[[int], tuple[float, int, np.nda
                     best, lo = probe, best
                 else:
                     hi = probe
-    fitting = [(cost, peak, index) for index, (cost, peak, _, _) in results.items() if peak <= budget_bytes]
-    if not fitting:
-        min_peak = min(peak for _, peak, _, _ in results.values())
-        raise _infeasible(strategy, budget_bytes, min_peak, what)
-    _, _, index = min(fitting)
-    return results[index][2], results[index][3]
 
 
 def _chen_greedy(graph: "Graph", budget_bytes: int, linearized: bool) -> StrategyOutput:
@@ -373,6 +388,8 @@ def revolve_table(steps: int, snapshots: int) -> tuple[np.ndarray, np.ndarray]:
     cost = np.zeros((steps + 1, snapshots + 1), dtype=np.int64)
     split = np.zeros((steps + 1, snapshots + 1), dtype=np.int64)
     for m in range(1, steps + 1):
+        if not m % 64:
+            check_deadline()
         cost[m, 0] = m + cost[m - 1, 0]
         split[m, 0] = m
         if snapshots:

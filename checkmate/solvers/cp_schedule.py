@@ -54,6 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from checkmate._lifetime import die_with_parent, parent_death_preexec
+
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
@@ -336,9 +338,12 @@ class CpSatChild:
         # the child imports this package from where the caller imported it
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        # Killed with its caller even by SIGKILL: the kernel's parent-death signal, tied to the thread
+        # that starts the child, is armed only from the main thread; the child also watches its parent.
+        on_main = threading.current_thread() is threading.main_thread()
         self._proc = subprocess.Popen([sys.executable, "-m", "checkmate.solvers.cp_schedule"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      env=env)
+                                      env=env, preexec_fn=parent_death_preexec if on_main else None)
         self._result: CpSatOutcome | None = None
         self._done = False
         self._send(("graph", graph, int(budget_bytes)))
@@ -414,6 +419,7 @@ def _exit_when_input_closes(stdin) -> None:
 
 
 def _child_main() -> int:
+    die_with_parent()  # the model build below runs before the input-closed watch starts
     if hasattr(os, "nice"):
         os.nice(_CHILD_NICENESS)
     stdin = sys.stdin.buffer

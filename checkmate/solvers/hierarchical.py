@@ -41,7 +41,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from checkmate.bounds import cost_lower_bound
-from checkmate.errors import CheckmateError, InfeasibleBudgetError
+from checkmate._deadline import no_deadline
+from checkmate.errors import CheckmateError, InfeasibleBudgetError, TimeLimitError
 from checkmate.schedule import Schedule
 from checkmate.simulate import walk
 from checkmate.solvers.baselines import _Segments
@@ -489,6 +490,11 @@ def hierarchical_schedule(graph: "Graph", budget_bytes: int, *, deadline: float 
         if best is None:
             raise
         planner.plan.notes.append("interrupted: the best schedule found so far")
+    except TimeLimitError:
+        # the caller's hard deadline (past the time limit and the late rounds) came during a replay
+        if best is None:
+            raise
+        planner.plan.notes.append("time limit reached: the best schedule found so far")
     if best is None:
         raise InfeasibleBudgetError(
             f"hierarchical: no schedule it plans fits {budget_bytes} bytes; the smallest peak it reaches is "
@@ -496,7 +502,8 @@ def hierarchical_schedule(graph: "Graph", budget_bytes: int, *, deadline: float 
             "which recompute more to use less memory",
             budget_bytes=budget_bytes, min_feasible_budget_bytes=frugal_peak, strategy="hierarchical")
     cost, peak, R, S = best
-    return Schedule.from_matrices(graph, R, S, strategy="hierarchical"), cost, peak
+    with no_deadline():  # the schedule found is written out whatever the time
+        return Schedule.from_matrices(graph, R, S, strategy="hierarchical"), cost, peak
 
 
 def _lp_bound(graph: "Graph", budget_bytes: int, options: "SolveOptions", deadline: float | None) -> float | None:

@@ -10,6 +10,8 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
+
 from checkmate.errors import InvalidArgumentError
 from checkmate.solvers.backends import backend_names
 from checkmate.solvers.types import MilpOptions, SolveOptions, StrategyKind, StrategySpec, option_names
@@ -99,6 +101,28 @@ def make_options(solver: str | None = None, time_limit_s: float | None = None, *
         gap = options["mip_gap"]
         if isinstance(gap, bool) or not isinstance(gap, numbers.Real) or not 0 <= float(gap) < 1:
             raise InvalidArgumentError(f"mip_gap must be a number in [0, 1), got {gap!r}")
+    for name in ("seed",):
+        value = options.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 0 <= int(value) < 2**31:
+            raise InvalidArgumentError(f"{name} must be an integer in [0, 2^31), got {value!r}")
+    # flags: only a real yes/no (numpy's included); "yes" or 5 is a mistake, not a truthy value
+    verbose = options.get("verbose", False)
+    if not isinstance(verbose, (bool, np.bool_)) and (not isinstance(verbose, numbers.Integral) or verbose < 0):
+        raise InvalidArgumentError(f"verbose must be True, False or a level (0, 1, 2), got {verbose!r}")
+    for name, allow_none in (("progress", True), ("race", True), ("root_lp", False),
+                             ("exact_free", False), ("integral_s_only", False), ("exclusive_rows", True),
+                             ("flow_rows", False), ("residency_rows", False), ("improve_start", False)):
+        if name in options:
+            value = options[name]
+            if not (isinstance(value, (bool, np.bool_)) or (allow_none and value is None)):
+                raise InvalidArgumentError(f"{name} must be True or False{' or None' if allow_none else ''}, "
+                                           f"got {value!r}")
+            if value is not None:
+                options[name] = bool(value)
+    fraction = options.get("working_set_fraction")
+    if fraction is not None and (isinstance(fraction, bool) or not isinstance(fraction, numbers.Real)
+                                 or not math.isfinite(float(fraction)) or float(fraction) < 0):
+        raise InvalidArgumentError(f"working_set_fraction must be a non-negative number or None, got {fraction!r}")
     threads = options.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads <= 0):
         raise InvalidArgumentError(f"threads must be a positive integer or None, got {threads!r}")

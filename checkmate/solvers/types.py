@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import enum
 import importlib
+import math
+import numbers
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+
+from checkmate._deadline import check_deadline, deadline_after, deadline_scope
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
     from checkmate.schedule import Schedule
 
 __all__ = ["DEFAULT_TIME_LIMIT_S", "MilpOptions", "SolveOptions", "StrategyOutput", "StrategyKind", "StrategySpec",
-           "option_names", "PROVEN_MIP_GAP", "relative_gap", "is_proven_optimal", "within_words"]
+           "option_names", "PROVEN_MIP_GAP", "relative_gap", "is_proven_optimal", "within_words",
+           "json_native", "native_float", "native_int", "deadline_scope", "check_deadline", "deadline_after"]
 
 # The relative gap at which a MILP counts as solved and ``optimal`` is claimed: the default of HiGHS,
 # Gurobi and SCIP, i.e. proven at the solver's own tolerance. (With integral costs an absolute gap
@@ -40,6 +47,38 @@ def is_proven_optimal(gap: float | None) -> bool:
 def within_words(gap: float) -> str:
     """What a result that is not proven optimal says of itself (a gap above 1e-4 never prints as 0.00%)."""
     return f"within {gap:.2%} of the optimum"
+
+
+def native_float(value: Any) -> float | None:
+    """``value`` as a Python float (None stays None): solvers and numpy hand back ``numpy.float64``,
+    which the standard ``json`` module and plain ``isinstance(x, float)`` checks do not all accept."""
+    return None if value is None else float(value)
+
+
+def native_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def json_native(value: Any) -> Any:
+    """``value`` with every numpy scalar and array, tuple and mapping turned into the Python types the
+    ``json`` module writes (bool, int, float, str, None, list, dict with string keys). A float that is
+    not finite becomes None: ``NaN`` and ``Infinity`` are not JSON, and no reader could trust them."""
+    if isinstance(value, np.generic):  # numpy.bool, numpy.float64, numpy.int64, ...
+        value = value.item()
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        as_float = float(value)
+        return as_float if math.isfinite(as_float) else None
+    if isinstance(value, dict):
+        return {str(k): json_native(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return json_native(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [json_native(v) for v in value]
+    raise TypeError(f"{type(value).__name__} is not JSON-native")
 
 
 # What ``time_limit_s=None`` means: a solve never runs without end. Ten minutes lets the exact MILP
@@ -94,6 +133,12 @@ class StrategyOutput:
     optimal: bool = False
     status: str = "ok"
     solver: str | None = None
+
+    def __post_init__(self) -> None:
+        # solvers compute these with numpy; callers (and their JSON) get plain Python values
+        object.__setattr__(self, "lower_bound", native_float(self.lower_bound))
+        object.__setattr__(self, "optimal", bool(self.optimal))
+        object.__setattr__(self, "status", str(self.status))
 
 
 class StrategyKind(str, enum.Enum):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -92,6 +93,40 @@ def _spec(t: Any, batch: int) -> tf.TensorSpec:
     return tf.TensorSpec([batch] + [int(d) for d in shape[1:]], tf.as_dtype(t.dtype))
 
 
+def _check_remat_arguments(model: Any, strategy: Any, compile_options: Any, step_type: type) -> None:
+    """RematModel's arguments, checked when it is made rather than at the first batch of ``fit``."""
+    if model is None:
+        raise InvalidArgumentError("RematModel needs a Keras model (or a compiled step)")
+    if not isinstance(model, (keras.Model, step_type)):
+        hint = (": load the file with keras.models.load_model first" if isinstance(model, (str, os.PathLike))
+                else "")
+        raise InvalidArgumentError(f"RematModel needs a keras.Model (or a compiled step), got "
+                                   f"{type(model).__name__}{hint}")
+    if strategy is not None and not isinstance(strategy, str):
+        raise InvalidArgumentError(f"strategy must be a strategy name, got {type(strategy).__name__}")
+    if compile_options is not None and not isinstance(compile_options, dict):
+        raise InvalidArgumentError(f"compile_options must be a dict of checkmate.tf2.compile options, got "
+                                   f"{type(compile_options).__name__}")
+
+
+def _check_input_keys(model: Any, x: Any) -> None:
+    """A model with named (dict) inputs given a batch without one of them: say which, in one line,
+    before TensorFlow fails deep inside the step with a multi-line trace."""
+    try:
+        expected = model.input
+    except (AttributeError, ValueError):  # a subclassed model: no declared input structure
+        return
+    if not isinstance(expected, dict):
+        return
+    if not isinstance(x, dict):
+        raise InvalidArgumentError(f"the model takes a dict of inputs {sorted(expected)}; this batch's inputs are a "
+                                   f"{type(x).__name__}")
+    missing = sorted(set(expected) - set(x))
+    if missing:
+        raise InvalidArgumentError(f"this batch has no input {', '.join(map(repr, missing))}; the model takes "
+                                   f"{sorted(expected)}")
+
+
 @keras.saving.register_keras_serializable(package="checkmate")
 class RematModel(keras.Model):
     """A ``keras.Model`` that trains ``model`` with a rematerializing step.
@@ -142,6 +177,9 @@ class RematModel(keras.Model):
 
     def __init__(self, model: Any = None, *, budget: Any = "auto", strategy: str | None = None,
                  compile_options: dict | None = None, partial_batches: str = "auto", **kwargs: Any):
+        from checkmate.tf2.step import CompiledStep
+
+        _check_remat_arguments(model, strategy, compile_options, CompiledStep)
         if model is None:
             raise InvalidArgumentError("RematModel needs a Keras model (or a compiled step)")
         if _is_compiled_step(model):
@@ -296,6 +334,7 @@ class RematModel(keras.Model):
     def _ensure_steps(self, data: Any) -> None:
         """Compile, before the train function runs on it, a step for each replica batch size of this
         batch that no compiled step serves (see :meth:`_step_for`)."""
+        _check_input_keys(self.inner, keras.utils.unpack_x_y_sample_weight(data)[0])
         for rows, x, y, w in self._replica_batches(data):
             if rows is not None and self._step_for(rows) is None:
                 self._add_step(tf.nest.map_structure(tf.convert_to_tensor, x),
