@@ -32,6 +32,7 @@ from checkmate.errors import InvalidArgumentError
 from checkmate.tf2 import _compat, losses
 from checkmate.tf2.lowering import training_loss
 from checkmate.tf2.lowering.trace import distribution_strategy, walk_layers
+from checkmate.tf2.plan_cache import PLAN_FIELD, read_plan
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
@@ -152,10 +153,15 @@ class RematModel(keras.Model):
     - Training metrics are computed as in Keras, from the training forward pass's predictions: with
       metrics compiled, the step is compiled with ``predictions=True`` and returns the model's output
       (planned as a step output, resident to the end of the step). Validation metrics are Keras' own.
+    - Schedules are solved once: a solved schedule is kept in the schedule cache
+      (:mod:`checkmate.tf2.plan_cache`; ``compile_options={"schedule_cache": False}`` turns it off)
+      and reused, after a replay check, by a rerun, a loaded model and an identical step.
+      ``plan=path`` (``checkmate compile --save-plan``) trains the first batch size's step with that
+      plan, without solving.
     - ``save``/``keras.saving.load_model``: the file holds the model, the options and the compile
       arguments; loading gives back a ``RematModel`` that compiles its step again at its first
-      training batch (a schedule depends on the device and its budget). ``save_weights`` and
-      ``load_weights`` work on the model's weights.
+      training batch (its schedule from the schedule cache when the device and budget are the same).
+      ``save_weights`` and ``load_weights`` work on the model's weights.
     - ``tf.distribute``: built and compiled inside ``MirroredStrategy.scope()`` (or
       ``MultiWorkerMirroredStrategy``'s), ``fit`` compiles the step for the per-replica batch (the
       global batch divided by the replicas), every replica runs it on its share of each batch, and
@@ -176,7 +182,8 @@ class RematModel(keras.Model):
         return super().__new__(cls, model, *args, **kwargs)
 
     def __init__(self, model: Any = None, *, budget: Any = "auto", strategy: str | None = None,
-                 compile_options: dict | None = None, partial_batches: str = "auto", **kwargs: Any):
+                 compile_options: dict | None = None, partial_batches: str = "auto", plan: Any = None,
+                 **kwargs: Any):
         from checkmate.tf2.step import CompiledStep
 
         _check_remat_arguments(model, strategy, compile_options, CompiledStep)
@@ -196,6 +203,10 @@ class RematModel(keras.Model):
         self.strategy = strategy
         self.compile_options = dict(compile_options or {})
         self.partial_batches = partial_batches
+        # a plan file (checkmate compile --save-plan) for the first batch size: read now, so that a
+        # missing or foreign file is named before training starts
+        self.plan = None if plan is None else os.fspath(plan)
+        self._plan_doc = None if plan is None else read_plan(plan)
         self._steps: dict = {}
         self._main_batch: int | None = None
         if getattr(model, "built", False):
@@ -206,12 +217,16 @@ class RematModel(keras.Model):
     def get_config(self) -> dict:
         return {"name": self.name, "model": keras.saving.serialize_keras_object(self.inner), "budget": self.budget,
                 "strategy": self.strategy, "compile_options": dict(self.compile_options),
-                "partial_batches": self.partial_batches}
+                "partial_batches": self.partial_batches, **({"plan": self.plan} if self.plan is not None else {})}
 
     @classmethod
     def from_config(cls, config: dict, custom_objects: Any = None) -> "RematModel":
         config = dict(config)
         model = keras.saving.deserialize_keras_object(config.pop("model"), custom_objects=custom_objects)
+        if config.get("plan") is not None and not os.path.exists(config["plan"]):
+            # the schedule cache usually has the step's schedule; else it is solved again
+            _log.warning("%s: the plan %s is gone; the step is planned again", config.get("name"), config["plan"])
+            config.pop("plan")
         # always the model form: a saved compiled-step wrapper comes back as a RematModel that
         # compiles its step again for the budget and strategy it was saved with
         return RematModel(model, **config)
@@ -291,6 +306,13 @@ class RematModel(keras.Model):
         options = dict(self.compile_options)
         # training metrics are computed as Keras does, from the training forward pass's predictions
         options.setdefault("predictions", _compat.has_compiled_metrics(self))
+        if self._plan_doc is not None and self._main_batch is None:
+            # the plan was made for a step with or without the predictions as an output: that step
+            # (without them, training metrics come from an inference pass; see train_step)
+            options["plan"] = self.plan
+            planned = self._plan_doc[PLAN_FIELD].get("predictions")
+            if isinstance(planned, bool):
+                options["predictions"] = planned
         if self.strategy is not None:
             options["strategy"] = self.strategy
         distribution = self._replicated_distribution()
@@ -366,6 +388,10 @@ class RematModel(keras.Model):
         _compat.keras_loss_tracker(self).update_state(_unscaled(loss), sample_weight=rows)
         if not _compat.has_compiled_metrics(self):
             return self.get_metrics_result()
+        if pred is None:
+            # a step from a plan made without the predictions: an inference-mode forward pass of the
+            # batch, after its update
+            pred = self.inner(x, training=False)
         return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
 
     def _run_padded(self, x, y, sample_weight):

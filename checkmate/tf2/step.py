@@ -27,13 +27,14 @@ from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, Solver
 from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
-from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget, solve
+from checkmate.solvers import SolveResult, checkpoint_all_peak, format_bytes, parse_budget
 from checkmate.solvers.minimum_budget import strategy_minimum_budget
 from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
 from checkmate.tf2.lowering.trace import strategy_name
+from checkmate.tf2.plan_cache import solve_or_reuse
 from checkmate.tf2.memory import available_device_memory, default_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -369,8 +370,13 @@ def _user_budget_for(planned: int, resident: int, headroom: float) -> int:
 def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, *, budget: Any = "auto",
                     strategy: str = "auto", solver: str | None = None, time_limit_s: float | None = None,
                     device: str | None = None, allocator_headroom: float = ALLOCATOR_HEADROOM_FRACTION,
-                    **solve_options: Any) -> CompiledStep:
+                    plan: Any = None, schedule_cache: Any = None, **solve_options: Any) -> CompiledStep:
     """Solve and generate for an already lowered step (lets callers reuse one lowering).
+
+    ``plan`` (a plan file from ``checkmate compile --save-plan``) is trained with instead of solving,
+    once it is checked to replay on this graph within the budget. Otherwise a solved schedule is
+    stored in the schedule cache and reused for the same graph, budget, strategy and device
+    (``schedule_cache``: ``False`` turns it off, a path moves it; see :mod:`checkmate.tf2.plan_cache`).
 
     A budget in bytes or ``"auto"`` is planned with ``allocator_headroom`` (a fraction of the memory
     above the resident parameters and batch) left for the allocator's rounding; a percentage is
@@ -387,8 +393,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     _log.info("solving %s (%d nodes) with %s", lowered.graph.name, lowered.graph.n, strategy)
     started = time.perf_counter()
     try:
-        result = solve(lowered.graph, planned, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
-                       **solve_options)
+        result = solve_or_reuse(lowered.graph, planned, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
+                                plan=plan, schedule_cache=schedule_cache, **solve_options)
     except InfeasibleBudgetError as exc:
         minimum = exc.min_feasible_budget_bytes
         if minimum is None:
@@ -418,7 +424,8 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
             gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "flops",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
-            fused_batch_norm: bool = False, **solve_options: Any) -> CompiledStep:
+            fused_batch_norm: bool = False, plan: Any = None, schedule_cache: Any = None,
+            **solve_options: Any) -> CompiledStep:
     """Compile ``model``'s training step to run within ``budget``.
 
     Parameters
@@ -460,6 +467,12 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         backward keeps no activation-sized temporaries: smaller budgets become feasible. Results equal
         Keras' to floating-point rounding; off by default (see :func:`checkmate.tf2.lowering.lower`).
 
+    plan, schedule_cache:
+        ``plan``: a plan file (``checkmate compile --save-plan``) to train with, without solving; it
+        must have been made for this step's graph and fit the budget. Otherwise solved schedules
+        are cached on disk (``$CHECKMATE_CACHE_DIR/schedules``, default ``~/.cache/checkmate``) and
+        reused after a replay check; ``schedule_cache=False`` (or ``$CHECKMATE_SCHEDULE_CACHE=0``)
+        turns that off.
     verbose:
         Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
         stderr while compiling (:mod:`checkmate.logs`); silent by default.
@@ -474,4 +487,5 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
                         cost_model=cost_model, optimizer=optimizer, predictions=predictions,
                         fused_batch_norm=fused_batch_norm)
         return compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
-                               time_limit_s=time_limit_s, device=device, **solve_options)
+                               time_limit_s=time_limit_s, device=device, plan=plan, schedule_cache=schedule_cache,
+                               **solve_options)
