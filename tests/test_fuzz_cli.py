@@ -793,3 +793,22 @@ def test_sigkill_to_a_sweep_leaves_no_process_behind(tmp_path):
     proc.wait(timeout=10)
     time.sleep(8)
     assert _session_processes(sid) == [], (procs, _session_processes(sid))
+
+
+def test_every_result_type_converts_numpy_values():
+    from checkmate.analysis.max_batch import BatchProbe
+    from checkmate.solvers.types import StrategyOutput, json_native
+
+    out = StrategyOutput(None, lower_bound=np.float64(2.5), optimal=np.bool_(True))
+    assert type(out.lower_bound) is float and type(out.optimal) is bool
+    probe = BatchProbe(np.int64(8), np.bool_(True), "fits", compute_cost=np.float64(3.0),
+                       peak_memory_bytes=np.int64(100), overhead=np.float64(np.nan))
+    doc = json.loads(json.dumps(probe.to_json_dict(), allow_nan=False))
+    assert doc["batch_size"] == 8 and doc["fits"] is True and doc["overhead"] is None
+    assert json_native({"a": (np.int32(1), np.array([1.5]))}) == {"a": [1, [1.5]]}
+
+
+def test_the_cli_leaves_the_callers_sigterm_handler_as_it_was(capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["strategies"]) == 0
+    assert signal.getsignal(signal.SIGTERM) == before
