@@ -781,10 +781,12 @@ def test_sigterm_to_a_racing_milp_solve_leaves_nothing(tmp_path):
 def test_sigkill_to_a_sweep_leaves_no_process_behind(tmp_path):
     path = tmp_path / "g.json"
     save_graph(resnet(40), path)
+    # multiprocessing's pymp-* folder goes here (a short path: it holds a socket)
+    temp = Path(tempfile.mkdtemp(prefix="cm"))
     proc = subprocess.Popen([*_cli_command(), "sweep", str(path), "--out", str(tmp_path / "sw"), "--strategies",
                              "chen_sqrtn,checkmate_milp", "--time-limit", "60", "--executor", "process",
-                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(),
-                            start_new_session=True)
+                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**_env(), "TMPDIR": str(temp)}, start_new_session=True)
     sid = proc.pid
     procs = _wait_for_children(sid, 4, 90)  # the sweep, its forkserver and workers (and their solvers)
     assert proc.poll() is None
@@ -793,6 +795,8 @@ def test_sigkill_to_a_sweep_leaves_no_process_behind(tmp_path):
     proc.wait(timeout=10)
     time.sleep(8)
     assert _session_processes(sid) == [], (procs, _session_processes(sid))
+    assert not list(temp.glob("pymp-*")), list(temp.iterdir())
+    temp.rmdir()
 
 
 def test_every_result_type_converts_numpy_values():
