@@ -102,13 +102,14 @@ def watch_process(pid: int, on_exit=None, *, interval_s: float = WATCH_INTERVAL_
     return thread
 
 
-def die_with_parent(owner_pid: int | None = None) -> None:
+def die_with_parent(owner_pid: int | None = None, on_owner_exit=None) -> None:
     """Make this (helper) process end when the process it works for ends.
 
     ``owner_pid`` is that process (default: the parent). Sets the parent-death signal where the
     platform has one, so the kernel kills this process when its parent ends, then starts a watchdog
     on ``owner_pid``. Call it first thing in the helper. If the owner is already gone (it died while
-    this process started), this process ends here.
+    this process started), this process ends here. ``on_owner_exit()``, if given, runs in the watchdog
+    before this process ends (to remove what the owner can no longer remove).
     """
     parent = os.getppid()
     owner = parent if owner_pid is None else int(owner_pid)
@@ -116,7 +117,14 @@ def die_with_parent(owner_pid: int | None = None) -> None:
     # the parent may have died before the signal was armed: the kernel would then never send it
     if os.getppid() != parent or not process_alive(owner):
         os._exit(1)
-    watch_process(owner)
+
+    def end() -> None:
+        if on_owner_exit is not None:
+            with contextlib.suppress(Exception):
+                on_owner_exit()
+        os._exit(1)
+
+    watch_process(owner, end)
 
 
 def parent_death_preexec() -> None:

@@ -379,3 +379,440 @@ def test_the_lp_roundings_minimum_is_a_budget_at_which_it_succeeds(capsys):
     assert minimum is not None
     code, _, err = run_main(capsys, "solve", example, "--budget", minimum, "--strategy", "checkmate_lp_rounding")
     assert code == 0, err
+
+
+# ------------------------------------------------------------------------------------ results serialize
+def test_json_of_an_unproven_auto_result_on_a_large_graph(tmp_path, capsys):
+    path = tmp_path / "g.json"
+    save_graph(chain(100), path)  # 202 nodes: above the exact MILP's range, so auto is hierarchical
+    out = tmp_path / "s.json"
+    code, text, err = run_main(capsys, "solve", path, "--budget", "30%", "--json", "--time-limit", "30",
+                               "--out", out)
+    assert code == 0, err
+    doc = json.loads(text)
+    assert doc["feasible"] is True and isinstance(doc["optimal"], bool)
+    assert isinstance(doc["lower_bound"], float) and isinstance(doc["gap"], float)
+    assert json.loads(out.read_text())["format"] == "checkmate-schedule/1"
+
+
+def test_api_results_hold_plain_python_values():
+    g = chain(100)
+    for strategy in ("hierarchical", "auto", "chen_greedy"):
+        r = checkmate.solve(g, "30%", strategy=strategy, time_limit_s=30)
+        assert type(r.optimal) is bool and type(r.compute_cost) is float and type(r.peak_memory_bytes) is int
+        assert r.lower_bound is None or type(r.lower_bound) is float
+        assert r.gap is None or type(r.gap) is float
+        json.dumps(r.to_json_dict(), allow_nan=False)
+
+
+def test_a_result_that_cannot_be_shown_keeps_the_earlier_schedule(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "g.json"
+    save_graph(unet_like(), path)
+    out = tmp_path / "s.json"
+    out.write_text(EARLIER)
+
+    def broken(self):
+        raise TypeError("cannot serialize")
+
+    monkeypatch.setattr(checkmate.solvers.SolveResult, "to_json_dict", broken)
+    code, _, _ = run_main(capsys, "solve", path, "--budget", "90%", "--strategy", "chen_sqrtn", "--json",
+                          "--out", out)
+    assert code != 0
+    assert out.read_text() == EARLIER
+    assert_no_temp_files(tmp_path)
+
+
+def test_a_sweep_of_hierarchical_with_a_cache(tmp_path, capsys):
+    path = tmp_path / "g.json"
+    save_graph(chain(20), path)
+    args = ("sweep", path, "--out", tmp_path / "sw", "--strategies", "hierarchical,chen_greedy", "--budgets", "3",
+            "--executor", "serial", "--cache-dir", tmp_path / "cache", "--time-limit", "20")
+    for _ in range(2):  # the second run reads every row back from the cache
+        code, _, err = run_main(capsys, *args)
+        assert code == 0, err
+        rows = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+        assert {r["strategy"] for r in rows} == {"hierarchical", "chen_greedy"}
+    meta = json.loads((tmp_path / "sw" / "sweep.json").read_text())["meta"]
+    assert meta["solves"] == 0 and meta["cached_solves"] > 0
+
+
+# ------------------------------------------------------------------------------------ time limits
+def test_a_baseline_on_a_large_graph_stops_at_its_time_limit():
+    from checkmate.errors import TimeLimitError
+
+    g = chain(1500)  # 3,002 nodes: recomputing everything is millions of steps to build and replay
+    start = time.monotonic()
+    with pytest.raises(TimeLimitError):
+        checkmate.solve(g, "30%", strategy="checkpoint_last_node", time_limit_s=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_a_family_search_cut_short_returns_the_best_member_found():
+    from checkmate._deadline import deadline_scope
+    from checkmate.solvers.baselines import _search_family
+
+    calls = []
+
+    def evaluate(index):
+        calls.append(index)
+        if len(calls) > 8:
+            from checkmate.errors import TimeLimitError
+
+            raise TimeLimitError("time limit")
+        return float(index), 100 - index, index, index  # cost grows, peak shrinks
+
+    with deadline_scope(time.perf_counter() + 60):
+        # sampled 0, 2, 3, 5, 7, 8, 10 (the first to fit), bisected 9, then cut short at the next sample
+        assert _search_family(40, evaluate, 90, "s", "member") == (10, 10)
+    calls.clear()
+    with pytest.raises(CheckmateError):  # nothing fitting found before the limit: no answer
+        _search_family(40, evaluate, 10, "s", "member")
+
+
+@pytest.mark.slow
+def test_a_ten_thousand_node_chain_answers_within_its_time_limit(tmp_path):
+    path = tmp_path / "chain.json"
+    save_graph(chain(5000), path)  # 10,002 nodes
+    start = time.monotonic()
+    proc = subprocess.run([*_cli_command(), "solve", str(path), "--budget", "30%", "--time-limit", "10"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert time.monotonic() - start < 60
+    assert proc.returncode in (0, 4), proc.stderr
+    if proc.returncode:
+        assert_one_line_error(proc.returncode, "\n".join(line for line in proc.stderr.splitlines()
+                                                         if not line.startswith("checkmate: auto:")))
+
+
+# ------------------------------------------------------------------------------------ outputs and inputs
+def test_an_output_that_is_the_input_is_refused(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    original = g.read_text()
+    link = tmp_path / "link.json"
+    link.symlink_to(g)
+    hard = tmp_path / "hard.json"
+    os.link(g, hard)
+    for out in (g, link, hard, tmp_path / "." / "g.json"):
+        code, _, err = run_main(capsys, "solve", g, "--budget", "90%", "--strategy", "chen_sqrtn", "--out", out)
+        assert_one_line_error(code, err)
+        assert code == 2 and "input" in err
+    code, _, err = run_main(capsys, "solve", link, "--budget", "90%", "--strategy", "chen_sqrtn", "--out", g)
+    assert code == 2
+    r = checkmate.solve(unet_like(), "90%", strategy="chen_sqrtn")
+    checkmate.save_schedule(r.schedule, tmp_path / "s.json")
+    for out in (tmp_path / "s.json", g):
+        code, _, err = run_main(capsys, "plot", tmp_path / "s.json", "--graph", g, "--out", out)
+        assert code == 2, err
+    assert g.read_text() == original
+    assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.parametrize("args", [
+    ("solve", "{g}", "--budget", "90%", "--out", ""),
+    ("solve", "", "--budget", "90%"),
+    ("sweep", "{g}", "--out", ""),
+    ("sweep", "{g}", "--out", "{d}/sw", "--cache-dir", ""),
+    ("plot", "{g}", "--graph", "{g}", "--out", ""),
+])
+def test_empty_paths_are_bad_input(tmp_path, capsys, args):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    before = sorted(os.listdir(tmp_path))
+    try:
+        code = main([a.format(g=g, d=tmp_path) for a in args])
+    except SystemExit as exc:  # a usage error, as argparse reports it
+        code = exc.code
+    err = capsys.readouterr().err
+    assert_one_line_error(code, err)
+    assert code == 2
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_an_empty_cache_directory_is_refused_by_the_api():
+    from checkmate.analysis.point_cache import PointCache
+    from checkmate.errors import OutputPathError
+
+    with pytest.raises(OutputPathError):
+        PointCache("")
+
+
+# ------------------------------------------------------------------------------------ caches
+def _sweep_cache_files(cache: Path) -> list[Path]:
+    return sorted(cache.glob("*.json"))
+
+
+BAD_RESULTS = [[], {}, "x", None, {"strategy": "chen_sqrtn"}, "nested", "strategy", "budget", "cost", "feasible",
+               "types", "peak"]
+
+
+def _corrupt(doc: dict, how: str) -> dict:
+    row = dict(doc["result"])
+    if how == "strategy":
+        row["strategy"] = "no_such_strategy"
+    elif how == "budget":
+        row["budget_bytes"] = -1
+    elif how == "cost":
+        row["compute_cost"] = float("nan")
+    elif how == "feasible":
+        row["feasible"] = "yes"
+    elif how == "types":
+        row.update(optimal=1, solve_seconds="fast", status=3)
+    elif how == "peak":
+        row["peak_memory_bytes"] = 1.5
+    else:
+        return {**doc, "result": how}
+    return {**doc, "result": row}
+
+
+@pytest.mark.parametrize("how", BAD_RESULTS, ids=[str(b) for b in BAD_RESULTS])
+def test_a_cache_entry_with_a_malformed_result_is_a_miss(tmp_path, capsys, how):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    cache = tmp_path / "cache"
+    args = ("sweep", g, "--out", tmp_path / "sw", "--strategies", "chen_sqrtn,chen_greedy", "--budgets", "3",
+            "--executor", "serial", "--cache-dir", cache)
+    assert run_main(capsys, *args)[0] == 0
+    good = (tmp_path / "sw" / "sweep.csv").read_text()
+    for path in _sweep_cache_files(cache):
+        doc = json.loads(path.read_text())
+        path.write_text(_deep_json(doc) if how == "nested" else json.dumps(_corrupt(doc, how)))
+    code, out, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert _without_seconds((tmp_path / "sw" / "sweep.csv").read_text()) == _without_seconds(good)
+    meta = json.loads((tmp_path / "sw" / "sweep.json").read_text())["meta"]
+    assert meta["cached_solves"] == 0  # every entry was read as a miss and solved again
+
+
+def _deep_json(doc: dict) -> str:
+    # json.dumps itself recurses: write the nested list by hand
+    row = dict(doc["result"])
+    row["compute_cost"] = "__DEEP__"
+    text = json.dumps({**doc, "result": row})
+    return text.replace('"__DEEP__"', "[" * 5000 + "]" * 5000)
+
+
+def _without_seconds(csv_text: str) -> list[dict]:
+    rows = list(csv.DictReader(csv_text.splitlines()))
+    for row in rows:
+        row.pop("solve_seconds")
+    return rows
+
+
+def test_csv_rows_from_a_cache_are_the_solved_ones(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    cache = tmp_path / "cache"
+    args = ("sweep", g, "--out", tmp_path / "sw", "--strategies", "chen_sqrtn,chen_greedy", "--budgets", "3",
+            "--executor", "serial", "--cache-dir", cache)
+    assert run_main(capsys, *args)[0] == 0
+    first = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+    assert run_main(capsys, *args)[0] == 0
+    again = list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["meta"]["solves"] == 0
+    assert first == again
+
+
+@pytest.mark.parametrize("blocker", ["directory", "loop"])
+def test_an_unwritable_cache_entry_is_a_warning_and_the_sweep_is_written(tmp_path, capsys, blocker):
+    from checkmate.analysis.point_cache import PointCache
+    from checkmate.analysis.sweep import _Task, graph_digest, sweep_point_key
+
+    g = unet_like()
+    path = tmp_path / "g.json"
+    save_graph(g, path)
+    cache_dir = tmp_path / "cache"
+    cache = PointCache(cache_dir)
+    # the entry of the chen_sqrtn probe (budget-unaware: solved once, at a budget nothing exceeds)
+    probe_budget = max(checkmate.solvers.checkpoint_all_peak(g), checkmate.bounds.largest_working_set_bytes(g)) * 1024
+    key = sweep_point_key(graph_digest(g.to_dict()), _Task("chen_sqrtn", probe_budget, None, None, None, None))
+    entry = cache._path(json.dumps(key, sort_keys=True, separators=(",", ":"), default=str))
+    cache_dir.mkdir()
+    if blocker == "directory":
+        entry.mkdir()
+    else:
+        entry.symlink_to(entry)
+    code, out, err = run_main(capsys, "sweep", path, "--out", tmp_path / "sw", "--strategies", "chen_sqrtn",
+                              "--budgets", "3", "--executor", "serial", "--cache-dir", cache_dir)
+    assert code == 0, err
+    assert "warning" in err and "cache" in err
+    assert len(list(csv.DictReader(open(tmp_path / "sw" / "sweep.csv")))) == 3
+    assert_no_temp_files(tmp_path)
+
+
+def test_a_cache_write_failure_is_not_raised_by_the_api(tmp_path):
+    from checkmate.analysis.point_cache import PointCache
+
+    cache = PointCache(tmp_path / "c")
+    assert cache.put({"k": 1}, {"v": np.float64(1.5), "ok": np.bool_(True)}) is True
+    assert cache.get({"k": 1}) == {"v": 1.5, "ok": True}
+    blocked = cache._path(json.dumps({"k": 2}, sort_keys=True, separators=(",", ":")))
+    blocked.mkdir()
+    assert cache.put({"k": 2}, {"v": 1}) is False and cache.write_failures == 1
+    assert cache.get({"k": 1}, valid=lambda r: r["v"] > 2) is None  # refused by the caller's check
+    assert cache.get({"k": 1}, valid=lambda r: r["missing"]) is None  # a check that raises: a miss
+
+
+# ------------------------------------------------------------------------------------ strategies
+def test_auto_solves_a_graph_of_backward_nodes_only(tmp_path, capsys):
+    nodes = [{"id": i, "name": f"n{i}", "cost": 1.0, "mem": 10, "backward": True} for i in range(5)]
+    path = tmp_path / "bwd.json"
+    path.write_text(json.dumps({"format": "checkmate-graph/1", "name": "bwd", "nodes": nodes,
+                                "edges": [[i, i + 1] for i in range(4)]}))
+    for strategy in ("auto", "checkpoint_all", "checkmate_milp"):
+        code, out, err = run_main(capsys, "solve", path, "--budget", "100%", "--strategy", strategy, "--json")
+        assert code == 0, (strategy, err)
+        assert json.loads(out)["feasible"] is True
+
+
+# ------------------------------------------------------------------------------------ API argument types
+def test_api_argument_types_raise_checkmate_errors(tmp_path):
+    g = unet_like()
+    bad_calls = [
+        lambda: checkmate.load_graph(None),
+        lambda: checkmate.load_graph(123),
+        lambda: checkmate.load_graph(""),
+        lambda: checkmate.load_schedule(None),
+        lambda: checkmate.save_schedule(None, tmp_path / "s.json"),
+        lambda: checkmate.save_graph(None, tmp_path / "g.json"),
+        lambda: checkmate.solve(g, "90%", seed="x"),
+        lambda: checkmate.solve(g, "90%", seed=1.5),
+        lambda: checkmate.solve(g, "90%", race="yes"),
+        lambda: checkmate.solve(g, "90%", progress=5),
+        lambda: checkmate.solve(g, "90%", verbose="loud"),
+        lambda: checkmate.solve(g, "90%", working_set_fraction="x"),
+        lambda: checkmate.solve(g, 1.5),
+        lambda: checkmate.solve(g, "1.5"),
+        lambda: checkmate.solve(g, "7.5B"),
+    ]
+    for call in bad_calls:
+        with pytest.raises(CheckmateError):
+            call()
+    assert not list(tmp_path.iterdir())
+    assert checkmate.solve(g, "90%", strategy="chen_sqrtn", seed=np.int64(3), race=np.bool_(False)).feasible
+
+
+def test_fractional_byte_budgets_are_bad_input(tmp_path, capsys):
+    g = tmp_path / "g.json"
+    save_graph(unet_like(), g)
+    code, _, err = run_main(capsys, "solve", g, "--budget", "1000000.5", "--strategy", "chen_sqrtn")
+    assert_one_line_error(code, err)
+    assert code == 2 and "whole" in err
+
+
+# ------------------------------------------------------------------------------------ signals and pipes
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    proc = subprocess.Popen([*_cli_command(), "strategies"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=_env())
+    proc.stdout.close()  # as `checkmate strategies | true` does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err == b""
+
+
+def test_removing_temporaries_of_a_write_under_way(tmp_path):
+    from checkmate.io import atomic_output, remove_temporaries
+
+    target = tmp_path / "out.json"
+    target.write_text(EARLIER)
+    with pytest.raises(RuntimeError):
+        with atomic_output(target) as tmp:
+            tmp.write_text("half")
+            remove_temporaries()  # what a process ended from outside does before it exits
+            assert not tmp.exists()
+            raise RuntimeError
+    assert target.read_text() == EARLIER
+    assert_no_temp_files(tmp_path)
+
+
+def _session_processes(sid: int) -> list[str]:
+    """Live processes (zombies excluded) of session ``sid``: '<pid> <command line>' for each."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                cmdline = fh.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
+            found.append(f"{entry} {cmdline}")
+    return found
+
+
+def _wait_for_children(sid: int, count: int, timeout_s: float) -> list[str]:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        procs = _session_processes(sid)
+        if len(procs) >= count:
+            return procs
+        time.sleep(0.2)
+    return _session_processes(sid)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes through /proc")
+def test_sigterm_to_a_racing_milp_solve_leaves_nothing(tmp_path):
+    path = tmp_path / "g.json"
+    save_graph(resnet(40), path)
+    proc = subprocess.Popen([*_cli_command(), "solve", str(path), "--budget", "40%", "--strategy", "checkmate_milp",
+                             "--time-limit", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), start_new_session=True)
+    sid = proc.pid
+    # the solve and its CP-SAT child
+    procs = _wait_for_children(sid, 2, 60)
+    assert proc.poll() is None, proc.communicate()
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("checkmate: checkmate_milp")]
+    assert lines[-1] == "checkmate: terminated", err
+    assert sum(1 for line in err.splitlines() if "terminated" in line) == 1, err
+    time.sleep(max(0.0, 3.0 - (time.monotonic() - sent)))
+    assert _session_processes(sid) == [], (procs, _session_processes(sid))
+    assert_no_temp_files(tmp_path)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes through /proc")
+def test_sigkill_to_a_sweep_leaves_no_process_behind(tmp_path):
+    path = tmp_path / "g.json"
+    save_graph(resnet(40), path)
+    # multiprocessing's pymp-* folder goes here (a short path: it holds a socket)
+    temp = Path(tempfile.mkdtemp(prefix="cm"))
+    proc = subprocess.Popen([*_cli_command(), "sweep", str(path), "--out", str(tmp_path / "sw"), "--strategies",
+                             "chen_sqrtn,checkmate_milp", "--time-limit", "60", "--executor", "process",
+                             "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**_env(), "TMPDIR": str(temp)}, start_new_session=True)
+    sid = proc.pid
+    procs = _wait_for_children(sid, 4, 90)  # the sweep, its forkserver and workers (and their solvers)
+    assert proc.poll() is None
+    time.sleep(3)  # the workers in their solves
+    proc.kill()
+    proc.wait(timeout=10)
+    time.sleep(8)
+    assert _session_processes(sid) == [], (procs, _session_processes(sid))
+    assert not list(temp.glob("pymp-*")), list(temp.iterdir())
+    temp.rmdir()
+
+
+def test_every_result_type_converts_numpy_values():
+    from checkmate.analysis.max_batch import BatchProbe
+    from checkmate.solvers.types import StrategyOutput, json_native
+
+    out = StrategyOutput(None, lower_bound=np.float64(2.5), optimal=np.bool_(True))
+    assert type(out.lower_bound) is float and type(out.optimal) is bool
+    probe = BatchProbe(np.int64(8), np.bool_(True), "fits", compute_cost=np.float64(3.0),
+                       peak_memory_bytes=np.int64(100), overhead=np.float64(np.nan))
+    doc = json.loads(json.dumps(probe.to_json_dict(), allow_nan=False))
+    assert doc["batch_size"] == 8 and doc["fits"] is True and doc["overhead"] is None
+    assert json_native({"a": (np.int32(1), np.array([1.5]))}) == {"a": [1, [1.5]]}
+
+
+def test_the_cli_leaves_the_callers_sigterm_handler_as_it_was(capsys):
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["strategies"]) == 0
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -58,4 +58,8 @@ def test_parse_budget_forms():
             parse_budget(fraction, g)
     with pytest.raises(InvalidBudgetError, match="less than one byte$"):
         parse_budget("0.0001KB", g)
-    assert parse_budget("0.5KiB") == 512 and parse_budget(1.9) == 1
+    assert parse_budget("0.5KiB") == 512 and parse_budget(2.0) == 2 and parse_budget("1.1KiB") == 1126
+    # a plain byte count must be whole: flooring 1.9 bytes to 1 would silently change the budget
+    for fractional in [1.9, "1.5", "7.5B"]:
+        with pytest.raises(InvalidBudgetError, match="whole number of bytes"):
+            parse_budget(fractional, g)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
@@ -36,7 +37,7 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _init_worker(shared: Any, owner_pid: int | None = None) -> None:
+def _init_worker(shared: Any, owner_pid: int | None = None, owner_tempdir: str | None = None) -> None:
     global _WORKER_SHARED
     _WORKER_SHARED = shared
     # Ctrl-C at a terminal reaches the whole process group; the parent decides what stops and ends the
@@ -45,11 +46,23 @@ def _init_worker(shared: Any, owner_pid: int | None = None) -> None:
     # A parent killed outright (SIGKILL) cannot end its workers: they end themselves. The forkserver,
     # not the sweep, is a worker's parent, so the sweep's pid is watched explicitly; the forkserver
     # and multiprocessing's resource tracker exit on their own once no worker holds their pipes.
-    die_with_parent(owner_pid)
+    # multiprocessing's temporary folder (pymp-*) is the sweep's to remove at exit; killed, it cannot.
+    die_with_parent(owner_pid, None if owner_tempdir is None else
+                    lambda: shutil.rmtree(owner_tempdir, ignore_errors=True))
 
 
 def _call_in_worker(fn: TaskFn, task: Any) -> Any:
     return fn(_WORKER_SHARED, task)
+
+
+def _multiprocessing_tempdir() -> str | None:
+    """The folder multiprocessing keeps this process's sockets in (it makes it on first use)."""
+    try:
+        import multiprocessing.util as mp_util
+
+        return mp_util.get_temp_dir()
+    except OSError:
+        return None
 
 
 def _mp_context():
@@ -83,7 +96,7 @@ def iter_tasks(fn: TaskFn, tasks: Sequence[Any], *, shared: Any = None, executor
 
 def _iter_process(fn: TaskFn, tasks: Sequence[Any], shared: Any, workers: int) -> Iterator[tuple[int, Any]]:
     pool = ProcessPoolExecutor(max_workers=workers, mp_context=_mp_context(), initializer=_init_worker,
-                               initargs=(shared, os.getpid()))
+                               initargs=(shared, os.getpid(), _multiprocessing_tempdir()))
     finished = False
     try:
         pending = {pool.submit(_call_in_worker, fn, task): index for index, task in enumerate(tasks)}

@@ -56,6 +56,7 @@ from checkmate.solvers.backends import get_backend
 from checkmate.solvers.registry import make_options
 from checkmate.solvers.staged import (BASELINES, BRANCH_AND_BOUND, LOCAL_SEARCH, LP_RELAXATION, ROUNDING,
                                       ProvenInfeasible, solve_staged)
+from checkmate.solvers.types import json_native
 
 __all__ = ["BatchProbe", "MaxBatchResult", "BatchGraphFamily", "forward_cost", "cost_limit", "probe_batch",
            "decide_milp", "probe_digest", "max_batch_size", "max_batch_sizes", "search_model", "DEFAULT_STRATEGIES",
@@ -112,7 +113,7 @@ class BatchProbe:
     def to_json_dict(self) -> dict:
         out = asdict(self)
         out.pop("cached")
-        return out
+        return json_native(out)  # probes hold solver numbers: plain Python values for json
 
     @classmethod
     def from_json_dict(cls, data: dict) -> "BatchProbe":
@@ -152,7 +153,7 @@ class MaxBatchResult:
         out["final"] = self.final.to_json_dict() if self.final else None
         out["undecided"] = self.undecided
         out["is_lower_bound"] = self.is_lower_bound
-        return out
+        return json_native(out)
 
 
 def _probe_of(batch_size: int, limit: float, fits: bool, reason: str, start: float, *, cost: float | None = None,

@@ -53,7 +53,9 @@ class SweepResult:
         return sorted((r for r in self.rows if r.strategy == strategy), key=lambda r: r.budget_bytes)
 
     def to_json_dict(self) -> dict:
-        return {
+        from checkmate.solvers.types import json_native
+
+        return json_native({
             "graph": self.graph_name,
             "nodes": self.nodes,
             "budgets": self.budgets,
@@ -65,4 +67,4 @@ class SweepResult:
             "wall_seconds": self.wall_seconds,
             "meta": self.meta,
             "rows": [asdict(r) for r in self.rows],
-        }
+        })

@@ -137,6 +137,7 @@ class _InterruptWatch:
 
     def __init__(self, read_fd: int, write_fd: int, previous: int):
         self._read_fd, self._write_fd, self._previous = read_fd, write_fd, previous
+        self._previous_term: object = None
         self._lock = threading.Lock()
         self._claimed = False
         self._stopped = False
@@ -148,8 +149,6 @@ class _InterruptWatch:
         if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
             # a shell starts background commands with SIGINT ignored; the command still stops on it
             signal.signal(signal.SIGINT, signal.default_int_handler)
-        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-            signal.signal(signal.SIGTERM, _terminate)
         read_fd, write_fd = os.pipe()
         os.set_blocking(write_fd, False)
         try:
@@ -159,6 +158,10 @@ class _InterruptWatch:
             os.close(write_fd)
             return None
         watch = cls(read_fd, write_fd, previous)
+        # SIGTERM as Ctrl-C, unless the embedding program handles it itself
+        watch._previous_term = signal.getsignal(signal.SIGTERM)
+        if watch._previous_term in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, _terminate)
         threading.Thread(target=watch._run, name="checkmate-interrupt", daemon=True).start()
         return watch
 
@@ -199,6 +202,10 @@ class _InterruptWatch:
         self._stopped = True
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(self._previous)
+        if signal.getsignal(signal.SIGTERM) is _terminate:  # main() called in a longer-lived process
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signal.SIGTERM, self._previous_term if self._previous_term is not None
+                              else signal.SIG_DFL)
         with contextlib.suppress(OSError):
             os.write(self._write_fd, b"\0")  # wake the thread so that it can leave
         os.close(self._write_fd)

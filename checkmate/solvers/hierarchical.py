@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from checkmate.bounds import cost_lower_bound
-from checkmate._deadline import no_deadline
+from checkmate._deadline import check_deadline, no_deadline
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, TimeLimitError
 from checkmate.schedule import Schedule
 from checkmate.simulate import walk
@@ -278,6 +278,7 @@ class _Planner:
         self.group_menu: dict[tuple[int, int], tuple[MenuOption, ...]] = {}
         self.seg = _Segments(graph)
         self._candidate_groups()
+        check_deadline()
         self._work = {key: self._working_estimate(g) for key, g in self.groups.items()}
 
     def _time_left(self) -> float:
@@ -287,6 +288,7 @@ class _Planner:
         segs = self.st.segments
         self.group_ends: list[list[int]] = [[] for _ in segs]
         for lo in range(len(segs)):
+            check_deadline()  # thousands of segments on graphs of many thousand nodes
             for hi in range(lo + 1, min(len(segs), lo + MAX_GROUP_SEGMENTS) + 1):
                 if hi > lo + 1 and segs[hi - 1][1] - segs[lo][0] > MAX_GROUP_FORWARD_NODES:
                     break
@@ -326,6 +328,8 @@ class _Planner:
         back_option = np.zeros((L + 1, buckets), dtype=np.int64)
         best[0, 0] = 0.0
         for lo in range(L):
+            if not lo % 64:
+                check_deadline()
             row = best[lo]
             reachable = np.flatnonzero(np.isfinite(row))
             if not reachable.size:
