@@ -147,8 +147,8 @@ def solve_staged(graph: "Graph", budget_bytes: int, options: SolveOptions, *, pr
     backend.refuse_unsupported(cutoff=cutoff, target=target)
     if budget_bytes < largest_working_set_bytes(graph):
         raise ProvenInfeasible("some node's inputs and output alone exceed it")
-    hooked = cutoff is not None or target is not None
-    race = None if hooked else start_race(graph, budget_bytes, options, backend)
+    # the CP-SAT model takes neither a cutoff nor a target
+    race = None if cutoff is not None or target is not None else start_race(graph, budget_bytes, options, backend)
     try:
         return _run_stages(graph, budget_bytes, options, backend, race,
                            SolveProgress(False, "") if progress is None else progress, cutoff, target, stop)
@@ -186,8 +186,9 @@ def _run_stages(graph: "Graph", budget_bytes: int, options: SolveOptions, backen
               none_within_cutoff: bool = False) -> StagedResult:
         return StagedResult(cheapest(), bound, last, proved_by, stage, lp_solved, none_within_cutoff)
 
-    if ((target is not None or cutoff is not None) and solved(cheapest(), None)) or stopped():
-        return ended(BASELINES)   # a decision answered by a baseline needs no model
+    # a decision a baseline answers needs no model (without hooks nothing is solved without a bound)
+    if solved(cheapest(), None) or stopped():
+        return ended(BASELINES)
     form = build_model(graph, budget_bytes, options, backend)
     progress.cost_scale = form.model.objective_scale
     # A backend without LPs (CP-SAT) gets its bound and first incumbents from HiGHS' LP on the same model.

@@ -33,7 +33,7 @@ from checkmate.tf2 import _compat
 from checkmate.tf2.codegen import RematFunction, generate
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
-from checkmate.tf2.lowering.trace import strategy_name
+from checkmate.tf2.lowering.trace import distribution_name
 from checkmate.tf2.plan_cache import solve_or_reuse
 from checkmate.tf2.memory import available_device_memory, default_device
 
@@ -322,7 +322,7 @@ class CompiledStep:
         ]
         if self.distribution is not None:
             rows = int(self.function.input_specs[0].shape[0])
-            lines.insert(1, f"  replicas        {self.replicas} ({strategy_name(self.distribution)}): planned for one "
+            lines.insert(1, f"  replicas        {self.replicas} ({distribution_name(self.distribution)}): planned for one "
                             f"replica's batch of {rows} (global batch {rows * self.replicas}); every replica runs it")
         if self.lowered.metadata.get("fused_batch_norm"):
             lines.insert(2, "  batch norm      TensorFlow's fused kernel (fused_batch_norm=True)")

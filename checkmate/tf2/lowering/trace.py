@@ -29,8 +29,8 @@ import tensorflow as tf
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2 import _compat
 
-__all__ = ["TracedStep", "trace_step", "training_loss", "distribution_strategy", "strategy_name", "check_not_distributed",
-           "SUPPORTED_STRATEGIES", "walk_layers"]
+__all__ = ["TracedStep", "trace_step", "training_loss", "distribution_strategy", "distribution_name",
+           "check_not_distributed", "SUPPORTED_STRATEGIES", "walk_layers"]
 
 
 @dataclass
@@ -160,14 +160,14 @@ def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
 SUPPORTED_STRATEGIES = ("MirroredStrategy", "MultiWorkerMirroredStrategy")
 
 
-def strategy_name(strategy: Any) -> str:
+def distribution_name(distribution: Any) -> str:
     """The public name of a ``tf.distribute`` strategy (``MultiWorkerMirroredStrategy`` is an instance
     of an internal class whose own name users never wrote)."""
-    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+    if isinstance(distribution, tf.distribute.MultiWorkerMirroredStrategy):
         return "MultiWorkerMirroredStrategy"   # its class is named CollectiveAllReduceStrategy
-    if isinstance(strategy, tf.distribute.MirroredStrategy):
+    if isinstance(distribution, tf.distribute.MirroredStrategy):
         return "MirroredStrategy"
-    return type(strategy).__name__
+    return type(distribution).__name__
 
 
 def distribution_strategy(model: Any = None) -> Any:
@@ -179,18 +179,18 @@ def distribution_strategy(model: Any = None) -> Any:
     ``CentralStorageStrategy``, ...) is refused, naming it, before anything is traced; so is a model
     whose variables a strategy created when that strategy's scope is not active.
     """
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    distribution = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
     distributed = [v for v in getattr(model, "variables", ()) or ()
                    if isinstance(getattr(v, "value", v), tf.distribute.DistributedValues)]
-    if strategy is None:
+    if distribution is None:
         if distributed:
             raise UnsupportedOpError(
                 f"{len(distributed)} of the model's variables are distributed (created under a tf.distribute "
                 "strategy) but no strategy scope is active: compile and train inside strategy.scope()")
         return None
-    if not isinstance(strategy, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
+    if not isinstance(distribution, (tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy)):
         raise UnsupportedOpError(
-            f"checkmate does not run under {strategy_name(strategy)}: a rematerialized step runs under "
+            f"checkmate does not run under {distribution_name(distribution)}: a rematerialized step runs under "
             f"{' and '.join(SUPPORTED_STRATEGIES)} only (every replica runs the whole step on its own copy of "
             "the variables). Use one of those, or build and train the model outside strategy.scope()")
     synchronized = [layer.name for layer in walk_layers(model) if getattr(layer, "synchronized", False)]
@@ -200,7 +200,7 @@ def distribution_strategy(model: Any = None) -> Any:
         raise UnsupportedOpError(
             f"{synchronized[0]} synchronizes its batch statistics across replicas (synchronized=True), which "
             "a rematerialized step does not support under a strategy: use synchronized=False (Keras' default)")
-    return strategy
+    return distribution
 
 
 def walk_layers(model: Any) -> list:
@@ -222,11 +222,11 @@ def walk_layers(model: Any) -> list:
 check_not_distributed = distribution_strategy
 
 
-def _in_first_local_replica(strategy: Any, fn: Callable[[], Any]) -> Any:
+def _in_first_local_replica(distribution: Any, fn: Callable[[], Any]) -> Any:
     """``fn()`` run once, in the replica context of this worker's first replica (where reading a
     distributed variable gives that replica's copy; documented ``strategy.run`` only)."""
-    ids = strategy.experimental_local_results(
-        strategy.run(lambda: tf.distribute.get_replica_context().replica_id_in_sync_group))
+    ids = distribution.experimental_local_results(
+        distribution.run(lambda: tf.distribute.get_replica_context().replica_id_in_sync_group))
     first = min(int(i) for i in ids)
     result: dict[str, Any] = {}
 
@@ -234,20 +234,20 @@ def _in_first_local_replica(strategy: Any, fn: Callable[[], Any]) -> Any:
         if int(tf.distribute.get_replica_context().replica_id_in_sync_group) == first:
             result["value"] = fn()
 
-    strategy.run(replica)
+    distribution.run(replica)
     return result["value"]
 
 
-def _capture_variables(function: Any, strategy: Any, candidates: Any) -> tuple[Any, ...]:
+def _capture_variables(function: Any, distribution: Any, candidates: Any) -> tuple[Any, ...]:
     """For each tensor ``function`` captures, the distributed variable whose local copy it is the handle
     of (``None`` for any other capture): the generated step feeds each replica's own copy there."""
-    if strategy is None:
+    if distribution is None:
         return ()
     owner: dict[int, Any] = {}
     for v in candidates:
         value = getattr(v, "value", v)
         if isinstance(value, tf.distribute.DistributedValues):
-            for local in strategy.experimental_local_results(value):
+            for local in distribution.experimental_local_results(value):
                 owner[id(local.handle)] = value
     return tuple(owner.get(id(external)) for external, _ in function.graph.captures)
 
@@ -263,7 +263,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
     are those of ``optimizer.scale_loss(loss)``, as in Keras' own ``train_step``: its
     ``apply_gradients`` unscales them. The returned loss is the unscaled one.
     """
-    strategy = distribution_strategy(model)
+    distribution = distribution_strategy(model)
     input_spec = _as_specs(input_spec, "input_spec")
     label_spec = _as_specs(label_spec, "label_spec")
     if not getattr(model, "built", True):
@@ -321,7 +321,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
     # Under a strategy the step is one replica's: traced in a replica context, it reads that replica's
     # copy of each variable (the generated step feeds every replica its own) and Keras' losses scale
     # themselves by 1 / num_replicas_in_sync, as in Keras' own train_step.
-    function = trace() if strategy is None else _in_first_local_replica(strategy, trace)
+    function = trace() if distribution is None else _in_first_local_replica(distribution, trace)
     candidates = list(model.variables) + list(getattr(optimizer, "variables", None) or [])
 
     n_in = len(tf.nest.flatten(input_spec))
@@ -340,8 +340,8 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         terminal_start=marks["terminal_start"],
         layer_calls=calls,
         pred_structure=marks.get("preds"),
-        distribution=strategy,
-        capture_variables=_capture_variables(function, strategy, candidates),
+        distribution=distribution,
+        capture_variables=_capture_variables(function, distribution, candidates),
     )
 
 
