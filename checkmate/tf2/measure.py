@@ -23,7 +23,7 @@ from checkmate.tf2.memory import default_device, measure_step
 from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes, resolve_budget_reported
 
 __all__ = ["max_gradient_difference", "time_step_s", "random_batch", "measure_plain", "compare_strategies",
-           "allocator_note"]
+           "allocator_note", "measure_step_time", "interleaved_times"]
 
 
 def _state_variables(model: Any) -> list:
@@ -82,6 +82,52 @@ def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
         run()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tuple[list[float], list[float]]:
+    """Median wall seconds and median process CPU seconds of each ``fn(*args)``, the functions called in
+    turn ``repeats`` times (after one warm-up call each), so that a load that comes and goes on a
+    shared machine falls on all of them alike."""
+    def run(fn):
+        out = fn(*args)
+        for t in tf.nest.flatten(out)[:1]:     # wait for the values (a GPU returns early)
+            t.numpy()
+
+    for fn in fns:
+        run(fn)
+    wall: list[list[float]] = [[] for _ in fns]
+    cpu: list[list[float]] = [[] for _ in fns]
+    for _ in range(max(1, repeats)):
+        for k, fn in enumerate(fns):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            run(fn)
+            wall[k].append(time.perf_counter() - start)
+            cpu[k].append(time.process_time() - cpu_start)
+    return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
+
+
+def measure_step_time(step: CompiledStep, x: Any = None, y: Any = None, *, repeats: int = 15):
+    """:class:`~checkmate.tf2.step.MeasuredTime` of ``step``'s gradients against the plain traced step
+    (Grappler on, as users run it), interleaved (:func:`interleaved_times`); ``(x, y)`` default to a
+    random batch of the compiled shapes. The model's state variables are restored afterwards."""
+    from checkmate.tf2.step import MeasuredTime
+
+    if x is None or y is None:
+        x, y = random_batch(step.lowered, step.model)
+    flat = step.function.flat_args(x, y)
+    state = _state_variables(step.model)
+    before = _snapshot(state)
+    try:
+        if step.distribution is None:
+            remat, plain = step.function.call_flat, step.lowered.function
+            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times([remat, plain], *flat, repeats=repeats)
+        else:
+            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
+                [lambda: step.gradients(x, y)[0], lambda: step.plain_gradients(x, y)[0]], repeats=repeats)
+    finally:
+        _restore(state, before)
+    return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
+                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None)
 
 
 def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:
