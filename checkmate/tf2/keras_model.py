@@ -505,6 +505,10 @@ class RematModel(keras.Model):
         strategy). Compiled-step form: with arrays, ``batch_size`` defaults to the compiled (global)
         batch size, and a sample count that does not split into whole batches is refused before
         training starts."""
+        from checkmate.tf2.measure import StepTimeReport
+
+        # the measured step time beside the predicted overhead, after the first epoch
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), StepTimeReport(self)]
         if self.native:
             return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
         batch = int(self.step.input_specs[0].shape[0]) * self.step.replicas

@@ -9,21 +9,28 @@ the plain step's, and the largest difference of loss and gradients from the plai
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import default_device, measure_step
 from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes, resolve_budget_reported
 
 __all__ = ["max_gradient_difference", "time_step_s", "random_batch", "measure_plain", "compare_strategies",
-           "allocator_note", "measure_step_time", "interleaved_times"]
+           "allocator_note", "measure_step_time", "interleaved_times", "StepTimeReport",
+           "STEP_TIME_REPORT_REPEATS"]
+
+# Repeats of the measurement after RematModel's first epoch: each runs both steps once, so the report
+# costs about 2 x this many steps, once per fit.
+STEP_TIME_REPORT_REPEATS = 7
 
 
 def _state_variables(model: Any) -> list:
@@ -130,6 +137,34 @@ def measure_step_time(step: CompiledStep, x: Any = None, y: Any = None, *, repea
                         cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None)
 
 
+class StepTimeReport(keras.callbacks.Callback):
+    """After the first epoch of ``fit``, measure the compiled step against the plain one
+    (:meth:`~checkmate.tf2.step.CompiledStep.measure_time`) and report the measured step-time ratio
+    beside the predicted overhead: on the ``checkmate.tf2`` logger, and on stdout when ``fit`` is
+    verbose. The result stays in ``step.measured`` (and in ``step.summary()``)."""
+
+    def __init__(self, remat_model: Any, repeats: int = STEP_TIME_REPORT_REPEATS):
+        super().__init__()
+        self.remat_model = remat_model
+        self.repeats = repeats
+        self.reported = False
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        try:
+            step = self.remat_model.compiled_step()
+        except InvalidArgumentError:       # no batch was trained (an empty dataset)
+            return
+        measured = step.measure_time(repeats=self.repeats)
+        line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
+                f"{step.predicted.overhead:.3f}x; {measured.describe()})")
+        logging.getLogger("checkmate.tf2").info(line)
+        if self.params.get("verbose", 1):
+            print(line)
+
+
 def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:
     """A batch for the lowered step: normal features and labels valid for the model's logits."""
     graph = lowered.function.graph
@@ -182,7 +217,6 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     # one resolution for every strategy ("auto" reads the free memory once), reported with its reference
     budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
     plain_peak = plain["measured_peak_bytes"]
-    plain_time = plain["step_seconds"]
     rows = []
     # a percentage is passed on as such (it is planned as given); anything else as its resolved bytes,
     # so that "auto" is read from the device once for every strategy
@@ -204,7 +238,8 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             continue
         fn = step.function.call_flat
         measured = measure_step(fn, *flat, device=device).peak_bytes
-        seconds = time_step_s(fn, *flat, steps=steps)
+        # interleaved with the plain step, so that a load on a shared machine falls on both alike
+        (seconds, plain_seconds), _ = interleaved_times([fn, lowered.function], *flat, repeats=steps)
         diff_abs, diff_rel = max_gradient_difference(step, x, y)
         row.update(
             status="ok", budget_bytes=step.predicted.budget_bytes,
@@ -215,13 +250,16 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             if step.predicted.step_peak_bytes > 0 else None,
             measured_over_plain=measured / plain_peak if plain_peak > 0 else None,
             predicted_overhead=step.predicted.overhead, step_seconds=seconds,
-            time_over_plain=seconds / plain_time if plain_time > 0 else None,
+            time_over_plain=seconds / plain_seconds if plain_seconds > 0 else None,
             max_grad_diff=diff_abs, max_grad_rel_diff=diff_rel,
             recomputations=step.predicted.recompute_count, op_copies=step.function.op_copies,
             solve_seconds=step.result.solve_seconds, optimal=step.result.optimal,
         )
         rows.append(row)
+    from checkmate.tf2.step import cost_model_description
+
     return {"graph": lowered.graph.name, "level": lowered.level, "nodes": lowered.graph.n,
+            "cost_model": cost_model_description(lowered),
             "gradient_nodes": bool(lowered.metadata.get("gradient_nodes")), "accounting": accounting(lowered),
             "device": device, "budget_bytes": budget_bytes, "budget_reference": reference,
             "resident_bytes": resident, "plain": plain, "rows": rows}

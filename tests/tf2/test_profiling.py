@@ -189,3 +189,20 @@ def test_compile_defaults_to_profiled_costs_and_says_so(tmp_path, monkeypatch):
     flops = ct.compile(model, XENT, keras.optimizers.SGD(), *specs(), budget="100%", strategy="checkpoint_all",
                        cost_model="flops")
     assert "cost model      FLOPs" in flops.summary()
+
+
+def test_remat_model_reports_measured_step_time_after_first_epoch(tmp_path, monkeypatch, capsys):
+    from checkmate.tf2.keras_model import RematModel
+
+    monkeypatch.setenv(profiling.CACHE_ENV, str(tmp_path))
+    model = bn_dropout_model()
+    remat = RematModel(model, budget="100%", strategy="checkpoint_all")
+    remat.compile(optimizer=keras.optimizers.SGD(), loss=XENT)
+    x = np.random.default_rng(0).standard_normal((8, 6, 6, 2)).astype("float32")
+    y = np.zeros((8,), "int32")
+    remat.fit(x, y, batch_size=4, epochs=2, verbose=2)
+    out = capsys.readouterr().out
+    assert out.count("checkmate: step time") == 1       # after the first epoch only
+    step = remat.compiled_step()
+    assert step.measured is not None and step.measured.repeats > 0
+    assert f"{step.measured.ratio:.3f}x the plain step (predicted overhead {step.predicted.overhead:.3f}x" in out
