@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
     print(f"accounting: {report['accounting']}")
+    print(f"cost model: {report['cost_model']}")
     print(f"budget: {report['budget_reference']}")
     print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
           f"{format_bytes(plain['predicted_peak_bytes'])}, a budget of "
@@ -75,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
           f"{plain['step_seconds'] * 1e3:.1f} ms")
     if report["allocator_note"]:
         print(f"note: {report['allocator_note']}")
+    # the measured step-time ratio (interleaved with the plain step) beside the predicted overhead
     header = (f"{'strategy':<22} {'pred. peak':>11} {'meas. peak':>11} {'meas/pred':>9} {'pred. ovh':>9} "
               f"{'time/plain':>10} {'max |dgrad|':>11}")
     print(header)

@@ -7,19 +7,28 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   ``k >= 1`` is named ``<op>__cm<k>``;
 * each copy reads its inputs from the copy of the producing node that is current at that point of
   the plan (the plan guarantees it is resident); the function's outputs come from the last copies;
-* a control-dependency chain runs the copies in plan order: every op of copy ``c`` without a data
-  input inside its own copy waits for the sink ops of copy ``c - 1``. TF's executor frees a tensor
-  once its last consumer has run; since the consumers of a copy are exactly the computations the
-  plan runs before freeing that value, the chain makes every value die where the plan frees it (or
-  earlier: a value the plan holds until the end of a stage without using it dies at its last use).
-  The anchors also make every copy differ from the others by a control input, so common-subexpression
-  elimination cannot merge recomputations back (docs/design.md §6, trap 1).
+* control edges run the copies in plan order: every op of a copy without a data input inside its
+  own copy waits for the sink ops of the computation before it in the plan. TF's executor frees a
+  tensor once its last consumer has run; since the consumers of a copy are exactly the computations
+  the plan runs before freeing that value, the order makes every value die where the plan frees it
+  (or earlier: a value the plan holds until the end of a stage without using it dies at its last
+  use). The anchors also make every copy differ from the others by a control input, so
+  common-subexpression elimination cannot merge recomputations back (docs/design.md §6, trap 1).
+  ``order="total"`` (default) anchors every computation; ``order="partial"`` anchors only what
+  memory needs: the recomputations (which would otherwise run as soon as their inputs exist, holding
+  their values from then on) and the backward computations (which would otherwise run in whatever
+  order the executor picks, keeping the activations they read alive longer), and lets the first
+  forward computations run in dataflow order, parallel branches in parallel. Measured on this
+  project's test models the partial order peaks where the total one does (an order that anchored
+  only recomputations peaked 15-30% higher); it saves no measurable time on two shared CPU cores
+  (experiments/wall_clock.py), so the total order stays the default.
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
-``tf.function``; captured variables are fed as ``tf.identity`` of their handles. Grappler's meta
-optimizer (whose dependency optimizer drops ordering edges) is disabled only while the generated
-function runs, and the previous setting is restored afterwards (:func:`checkmate.tf2._compat.
-grappler_disabled`).
+``tf.function``; captured variables are fed as ``tf.identity`` of their handles. The generated
+function runs with Grappler on, as the plain step does (its fusions, layout and constant folding
+keep the plan: a fused op takes one copy's ops together), except for the passes that break a plan,
+which are switched off only while it runs and restored afterwards
+(:data:`checkmate.tf2._compat.PLAN_BREAKING_PASSES`, :func:`checkmate.tf2._compat.grappler_disabled`).
 
 Under a ``tf.distribute`` strategy the step is one replica's (traced in a replica context): each
 replica imports the GraphDef inside ``strategy.run`` (:meth:`RematFunction.replica_call`), feeding
@@ -48,6 +57,11 @@ __all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "
 # Name scope the rewritten graph is imported under; op names in the executed graph start with it.
 IMPORT_SCOPE = "checkmate_remat"
 _COPY_SUFFIX = "__cm"
+# Ops that read only their input's shape: their outputs are a few integers, so ordering them saves no
+# memory, and an anchor on one can close a cycle once Grappler and oneDNN have fused the ops around it
+# (TF 2.21 on CPU: a ShapeN anchored on a BiasAddGrad feeds the Conv2DBackpropFilter that the BiasAddGrad
+# is then fused into). They are never anchored; TF's CSE may merge their identical copies.
+SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 _probe_counter = 0
 
 
@@ -142,8 +156,17 @@ def _check_acyclic(nodes: Sequence[Any]) -> None:
             f"order, e.g. {stuck[:3]}; an op outside every node depends on a node and feeds another")
 
 
-def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule) -> RewrittenGraph:
-    """Emit the GraphDef that executes ``schedule.plan`` (see the module docstring)."""
+ORDERS = ("partial", "total")
+
+
+def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "total") -> RewrittenGraph:
+    """Emit the GraphDef that executes ``schedule.plan`` (see the module docstring).
+
+    ``order="partial"`` anchors only the recomputations (copies ``k >= 1``) on the plan step before
+    them; ``"total"`` chains every computation, first ones included, in plan order.
+    """
+    if order not in ORDERS:
+        raise InvalidArgumentError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
     graph = lowered.graph
     if schedule.n != graph.n:
         raise InvalidScheduleError(f"the schedule is for {schedule.n} nodes; the graph has {graph.n}")
@@ -212,7 +235,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule) -> RewrittenGra
                     raise InvalidScheduleError(
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
-            if not has_inner_input:
+            if (not has_inner_input and original.op not in SHAPE_OPS
+                    and (k > 0 or order == "total" or graph.backward[i])):
                 present = {t for t in rewired if t.startswith("^")}
                 rewired.extend(f"^{s}" for s in prev_sinks if f"^{s}" not in present)
             # data inputs first, then control inputs: GraphDef requires that order
@@ -461,15 +485,11 @@ class RematFunction:
     def predicted_peak_bytes(self) -> int:
         return simulate(self.lowered.graph, self.schedule).peak_memory_bytes
 
-    def executed_op_counts(self, x: Any, y: Any) -> dict[str, int]:
-        """Run once and count, per original op of a node, how many copies the runtime executed.
-
-        Reads the post-optimization graph that TF actually ran (after inlining, Grappler and CSE), so
-        a recomputation merged away by the runtime shows up as a missing copy.
-        """
+    def _executed_names(self, x: Any, y: Any) -> tuple[str, dict[str, str]]:
+        """Run a fresh instance of the step once; (its import scope, name -> type of every op TF ran)."""
         if self.distribution is not None:
-            raise InvalidArgumentError("executed_op_counts runs one instance of the step: compile it without a "
-                                       "tf.distribute strategy to count its ops")
+            raise InvalidArgumentError("counting executed ops runs one instance of the step: compile it without "
+                                       "a tf.distribute strategy to count its ops")
         flat = self.flat_args(x, y)
         # TF reports the executed graphs only when a function is instantiated: run a fresh
         # instance of the same GraphDef, under the same settings as every call.
@@ -482,22 +502,79 @@ class RematFunction:
             with _compat.grappler_disabled():
                 return fresh(*flat)
 
-        graphs = _compat.executed_graph_defs(run)
+        names = {nd.name: nd.op for gdef in _compat.executed_graph_defs(run) for nd in gdef.node}
+        return scope, names
+
+    def executed_op_counts(self, x: Any, y: Any) -> dict[str, int]:
+        """Run once and count, per original op of a node, how many copies the runtime executed.
+
+        Reads the post-optimization graph that TF actually ran (after inlining, Grappler and CSE), so
+        a recomputation merged away by the runtime shows up as a missing copy. A Grappler fusion
+        keeps only the name of its last op: the others show up as missing too (see
+        :meth:`executed_copy_counts`).
+        """
+        scope, names = self._executed_names(x, y)
         pattern = re.compile(r"^(?:.*/)?" + re.escape(scope) + r"/(.*?)(?:" + _COPY_SUFFIX + r"\d+)?$")
         known = set(self.lowered.op_node)
         counts: dict[str, int] = {}
-        seen: set[str] = set()
-        for gdef in graphs:
-            for nd in gdef.node:
-                if nd.name in seen:
-                    continue
-                m = pattern.match(nd.name)
-                if m and m.group(1) in known:
-                    seen.add(nd.name)
-                    counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        for name in names:
+            m = pattern.match(name)
+            if m and m.group(1) in known:
+                counts[m.group(1)] = counts.get(m.group(1), 0) + 1
+        return counts
+
+    def executed_copy_counts(self, x: Any, y: Any) -> list[int]:
+        """Run once and count, per node, the computations of which at least one op ran, alone or
+        inside a fused op.
+
+        A node computed ``R`` times should show ``R``; fewer means recomputations were merged away.
+        A Grappler fusion (``Conv2D + BiasAdd + Relu``, ``Add + Relu``) runs its ops as one op named
+        after the last of them: an op whose copy is missing counts as run when a consumer of that
+        copy ran as a fused op. A Grappler rewrite that renames an op (the arithmetic optimizer's
+        ``<dir>/ArithmeticOptimizer/AddOpsRewrite_<op>``) keeps its directory and ends in its name.
+        """
+        scope, executed = self._executed_names(x, y)
+        pattern = re.compile(r"^(?:.*/)?" + re.escape(scope) + r"/(.*)$")
+        ran: dict[str, str] = {}
+        for name, kind in executed.items():
+            m = pattern.match(name)
+            if m:
+                ran[m.group(1)] = kind
+        renamed: dict[str, list[str]] = {}
+        for name in ran:
+            m = re.match(r"^(.*?)/\w*Optimizer/(.*)$", name)
+            if m:
+                renamed.setdefault(m.group(1), []).append(m.group(2))
+
+        def present(name: str) -> bool:
+            if name in ran:
+                return True
+            folder, _, base = name.rpartition("/")
+            return any(tail.endswith("_" + base) for tail in renamed.get(folder, ()))
+
+        consumers: dict[str, list[str]] = {}
+        for nd in self.rewritten.graph_def.node:
+            for text in nd.input:
+                if not text.startswith("^"):
+                    consumers.setdefault(_split_input(text)[1], []).append(nd.name)
+
+        def fused_into(name: str, depth: int = 3) -> bool:
+            # a fused chain (Add -> Relu) may span several consumers; the fused op is at its end
+            for user in consumers.get(name, ()):
+                if "Fused" in ran.get(user, "") or (user not in ran and depth > 1 and fused_into(user, depth - 1)):
+                    return True
+            return False
+
+        by_name = {nd.name: nd for nd in self.rewritten.graph_def.node}
+        counts = [0] * self.lowered.graph.n
+        for (i, _), names in self.rewritten.copy_ops.items():
+            shape_only = all(by_name[n].op in SHAPE_OPS for n in names)   # never anchored: CSE may merge them
+            if shape_only or any(present(n) for n in names) or any(fused_into(n) for n in names):
+                counts[i] += 1
         return counts
 
 
-def generate(lowered: LoweredGraph, schedule: Schedule) -> RematFunction:
-    """Build the rematerializing step for ``schedule`` (which must be valid for ``lowered.graph``)."""
-    return RematFunction(lowered, schedule, rewrite_graph_def(lowered, schedule))
+def generate(lowered: LoweredGraph, schedule: Schedule, order: str = "total") -> RematFunction:
+    """Build the rematerializing step for ``schedule`` (which must be valid for ``lowered.graph``);
+    ``order``: see :func:`rewrite_graph_def`."""
+    return RematFunction(lowered, schedule, rewrite_graph_def(lowered, schedule, order))

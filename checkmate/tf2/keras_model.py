@@ -430,8 +430,12 @@ class RematModel(keras.Model):
     def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
         """``keras.Model.fit``; the first batch compiles the step (per replica under a strategy). An
         uncompiled ``RematModel`` of a compiled model trains with that model's ``compile()`` arguments."""
+        from checkmate.tf2.measure import StepTimeReport
+
         if not self.compiled and losses.compile_arguments_of(self.inner) is not None:
             self.compile()      # the wrapped model's own compile() arguments
+        # the measured step time beside the predicted overhead, after the first epoch
+        kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), StepTimeReport(self)]
         return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
 
     def make_train_function(self, force: bool = False):

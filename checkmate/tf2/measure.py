@@ -9,21 +9,28 @@ the plain step's, and the largest difference of loss and gradients from the plai
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any, Sequence
 
+import keras
 import numpy as np
 import tensorflow as tf
 
-from checkmate.errors import InfeasibleBudgetError, SolverError
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import default_device, measure_step
 from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes, resolve_budget_reported
 
 __all__ = ["max_gradient_difference", "time_step_s", "random_batch", "measure_plain", "compare_strategies",
-           "allocator_note"]
+           "allocator_note", "measure_step_time", "interleaved_times", "StepTimeReport",
+           "STEP_TIME_REPORT_REPEATS"]
+
+# Repeats of the measurement after RematModel's first epoch: each runs both steps once, so the report
+# costs about 2 x this many steps, once per fit.
+STEP_TIME_REPORT_REPEATS = 7
 
 
 def _state_variables(model: Any) -> list:
@@ -84,6 +91,80 @@ def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
     return float(np.median(times))
 
 
+def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tuple[list[float], list[float]]:
+    """Median wall seconds and median process CPU seconds of each ``fn(*args)``, the functions called in
+    turn ``repeats`` times (after one warm-up call each), so that a load that comes and goes on a
+    shared machine falls on all of them alike."""
+    def run(fn):
+        out = fn(*args)
+        for t in tf.nest.flatten(out)[:1]:     # wait for the values (a GPU returns early)
+            t.numpy()
+
+    for fn in fns:
+        run(fn)
+    wall: list[list[float]] = [[] for _ in fns]
+    cpu: list[list[float]] = [[] for _ in fns]
+    for _ in range(max(1, repeats)):
+        for k, fn in enumerate(fns):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            run(fn)
+            wall[k].append(time.perf_counter() - start)
+            cpu[k].append(time.process_time() - cpu_start)
+    return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
+
+
+def measure_step_time(step: CompiledStep, x: Any = None, y: Any = None, *, repeats: int = 15):
+    """:class:`~checkmate.tf2.step.MeasuredTime` of ``step``'s gradients against the plain traced step
+    (Grappler on, as users run it), interleaved (:func:`interleaved_times`); ``(x, y)`` default to a
+    random batch of the compiled shapes. The model's state variables are restored afterwards."""
+    from checkmate.tf2.step import MeasuredTime
+
+    if x is None or y is None:
+        x, y = random_batch(step.lowered, step.model)
+    flat = step.function.flat_args(x, y)
+    state = _state_variables(step.model)
+    before = _snapshot(state)
+    try:
+        if step.distribution is None:
+            remat, plain = step.function.call_flat, step.lowered.function
+            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times([remat, plain], *flat, repeats=repeats)
+        else:
+            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
+                [lambda: step.gradients(x, y)[0], lambda: step.plain_gradients(x, y)[0]], repeats=repeats)
+    finally:
+        _restore(state, before)
+    return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
+                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None)
+
+
+class StepTimeReport(keras.callbacks.Callback):
+    """After the first epoch of ``fit``, measure the compiled step against the plain one
+    (:meth:`~checkmate.tf2.step.CompiledStep.measure_time`) and report the measured step-time ratio
+    beside the predicted overhead: on the ``checkmate.tf2`` logger, and on stdout when ``fit`` is
+    verbose. The result stays in ``step.measured`` (and in ``step.summary()``)."""
+
+    def __init__(self, remat_model: Any, repeats: int = STEP_TIME_REPORT_REPEATS):
+        super().__init__()
+        self.remat_model = remat_model
+        self.repeats = repeats
+        self.reported = False
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        if self.reported:
+            return
+        self.reported = True
+        try:
+            step = self.remat_model.compiled_step()
+        except InvalidArgumentError:       # no batch was trained (an empty dataset)
+            return
+        measured = step.measure_time(repeats=self.repeats)
+        line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
+                f"{step.predicted.overhead:.3f}x; {measured.describe()})")
+        logging.getLogger("checkmate.tf2").info(line)
+        if self.params.get("verbose", 1):
+            print(line)
+
+
 def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:
     """A batch for the lowered step: normal features and labels valid for the model's logits."""
     graph = lowered.function.graph
@@ -136,7 +217,6 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     # one resolution for every strategy ("auto" reads the free memory once), reported with its reference
     budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
     plain_peak = plain["measured_peak_bytes"]
-    plain_time = plain["step_seconds"]
     rows = []
     # a percentage is passed on as such (it is planned as given); anything else as its resolved bytes,
     # so that "auto" is read from the device once for every strategy
@@ -158,7 +238,8 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             continue
         fn = step.function.call_flat
         measured = measure_step(fn, *flat, device=device).peak_bytes
-        seconds = time_step_s(fn, *flat, steps=steps)
+        # interleaved with the plain step, so that a load on a shared machine falls on both alike
+        (seconds, plain_seconds), _ = interleaved_times([fn, lowered.function], *flat, repeats=steps)
         diff_abs, diff_rel = max_gradient_difference(step, x, y)
         row.update(
             status="ok", budget_bytes=step.predicted.budget_bytes,
@@ -169,13 +250,16 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             if step.predicted.step_peak_bytes > 0 else None,
             measured_over_plain=measured / plain_peak if plain_peak > 0 else None,
             predicted_overhead=step.predicted.overhead, step_seconds=seconds,
-            time_over_plain=seconds / plain_time if plain_time > 0 else None,
+            time_over_plain=seconds / plain_seconds if plain_seconds > 0 else None,
             max_grad_diff=diff_abs, max_grad_rel_diff=diff_rel,
             recomputations=step.predicted.recompute_count, op_copies=step.function.op_copies,
             solve_seconds=step.result.solve_seconds, optimal=step.result.optimal,
         )
         rows.append(row)
+    from checkmate.tf2.step import cost_model_description
+
     return {"graph": lowered.graph.name, "level": lowered.level, "nodes": lowered.graph.n,
+            "cost_model": cost_model_description(lowered),
             "gradient_nodes": bool(lowered.metadata.get("gradient_nodes")), "accounting": accounting(lowered),
             "device": device, "budget_bytes": budget_bytes, "budget_reference": reference,
             "resident_bytes": resident, "plain": plain, "rows": rows}

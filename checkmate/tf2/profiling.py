@@ -1,7 +1,18 @@
-"""Node costs: an analytic FLOP estimate and measured run times on the current device.
+"""Node costs: measured run times on the current device, a calibrated estimate, and a FLOP count.
 
-``profile_nodes`` measures each node's ops on their real input values, on the device TF places them
-on by default (a GPU when present). Profiles are cached on disk (see :func:`cache_dir`).
+``profile_nodes`` (the default cost model of ``checkmate.tf2.compile``, ``RematModel`` and the CLI)
+measures each node's ops on their real input values, on the device TF places them on by default (a
+GPU when present): repeats, the median after dropping outliers, cached on disk per device, op
+wiring, input shapes and dtypes (see :func:`cache_dir`). Profiling is bounded in time
+(``time_budget_s``): the nodes with the largest estimates are measured first, and a node not measured
+in time, or one that cannot run alone, costs its calibrated estimate.
+
+``estimate_cost`` is that estimate: for each op, the larger of its FLOPs over the device's measured
+FLOP rate and the bytes it reads and writes over the device's measured memory bandwidth, plus a
+per-op launch time (a roofline). Memory-bound ops (normalization, activations, elementwise, copies)
+cost their bytes, which the FLOP count misses. The device figures are measured once by
+:func:`calibrate` and cached with the profiles; within one profiling run the estimate is further
+scaled by the median ratio of measured to estimated time of the nodes that were measured.
 
 ``flops_cost`` is deterministic: floating-point operations of the node's ops, from their static
 shapes (matrix products and convolutions exactly, elementwise ops and reductions as one operation per
@@ -26,8 +37,9 @@ import tensorflow as tf
 from checkmate.io import atomic_write_json
 from checkmate.tf2 import _compat
 
-__all__ = ["flops_cost", "op_flops", "profile_nodes", "ProfileResult", "ProfileCache", "cache_dir",
-           "device_description", "PROFILE_FORMAT", "CACHE_ENV"]
+__all__ = ["flops_cost", "op_flops", "op_bytes", "profile_nodes", "ProfileResult", "ProfileCache", "cache_dir",
+           "device_description", "PROFILE_FORMAT", "CACHE_ENV", "Calibration", "calibrate", "estimate_cost",
+           "robust_median", "DEFAULT_TIME_BUDGET_S"]
 
 
 def _elements(t: tf.Tensor) -> int:
@@ -91,6 +103,24 @@ def op_flops(op) -> float:
             return float(outs)
     # Elementwise ops, reductions, pooling, data movement: one operation per element read or written.
     return float(max(outs, max((_elements(t) for t in ins), default=0)))
+
+
+# Ops that move no data: views of their input, metadata, variable reads (which alias the variable).
+_NO_DATA_OPS = frozenset({"Identity", "IdentityN", "Reshape", "Squeeze", "ExpandDims", "Shape", "ShapeN", "Size",
+                          "Rank", "Const", "NoOp", "ReadVariableOp", "StopGradient", "Placeholder", "Snapshot"})
+
+
+def op_bytes(op) -> float:
+    """Bytes an op reads and writes (its non-resource inputs and its outputs), from static shapes;
+    0 for views, metadata and variable reads."""
+    if op.type in _NO_DATA_OPS:
+        return 0.0
+    total = 0
+    for t in list(op.inputs) + list(op.outputs):
+        if t.dtype == tf.resource or t.dtype == tf.variant:
+            continue
+        total += _elements(t) * t.dtype.size
+    return float(total)
 
 
 def flops_cost(graph: tf.Graph, op_names: Iterable[str]) -> float:
@@ -157,11 +187,13 @@ class ProfileCache:
         self.device = device or device_description()
         self.path = cache_dir(directory) / f"{_slug(self.device)}.json"
         self.entries: dict[str, dict] = {}
+        self.calibration: dict | None = None     # the device's figures for the estimate (calibrate())
         self._dirty = False
         try:
             data = json.loads(self.path.read_text())
             if data.get("format") == PROFILE_FORMAT and data.get("device") == self.device:
                 self.entries = dict(data.get("entries", {}))
+                self.calibration = data.get("calibration") if isinstance(data.get("calibration"), dict) else None
         except (OSError, ValueError, AttributeError):
             self.entries = {}
 
@@ -180,15 +212,19 @@ class ProfileCache:
             return
         # Merge with entries written meanwhile by another process, then replace atomically.
         merged = {}
+        calibration = self.calibration
         try:
             data = json.loads(self.path.read_text())
             if data.get("format") == PROFILE_FORMAT and data.get("device") == self.device:
                 merged.update(data.get("entries", {}))
+                calibration = calibration or data.get("calibration")
         except (OSError, ValueError, AttributeError):
             pass
         merged.update(self.entries)
-        atomic_write_json(self.path, {"format": PROFILE_FORMAT, "device": self.device, "entries": merged},
-                          indent=0, sort_keys=True)
+        content = {"format": PROFILE_FORMAT, "device": self.device, "entries": merged}
+        if calibration:
+            content["calibration"] = calibration
+        atomic_write_json(self.path, content, indent=0, sort_keys=True)
         self._dirty = False
 
 
@@ -200,6 +236,7 @@ class ProfileResult:
     hits: int
     misses: int
     cache_path: str | None
+    estimated: int = 0      # nodes that cost their calibrated estimate (time budget spent, or not runnable alone)
 
 
 @dataclass
@@ -353,19 +390,105 @@ def _written_variables(function) -> list[tuple[Any, Any]]:
     return out
 
 
+# Profiling is on the path to the first batch: after this many seconds of measuring, the remaining
+# (smallest) nodes take their calibrated estimate. A 500-node layer graph on two shared CPU cores
+# measures ~100-200 nodes in this time; nodes repeated across blocks share one measurement.
+DEFAULT_TIME_BUDGET_S = 5.0
+# A sample further than this many median absolute deviations above the median is an outlier (another
+# process took the core, a page fault, a lazy allocation) and is dropped before the median is taken.
+OUTLIER_MADS = 3.0
+
+
+def robust_median(samples: Sequence[float]) -> float:
+    """Median of ``samples`` after dropping the slow outliers (more than :data:`OUTLIER_MADS` median
+    absolute deviations above the median). Noise on a shared machine only ever adds time."""
+    values = np.asarray(samples, dtype=np.float64)
+    if values.size == 0:
+        raise ValueError("no samples")
+    median = float(np.median(values))
+    mad = float(np.median(np.abs(values - median)))
+    kept = values[values <= median + OUTLIER_MADS * max(mad, 1e-3 * abs(median))]
+    return float(np.median(kept)) if kept.size else median
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the estimate needs of a device: FLOPs and bytes per microsecond, and an op's launch time."""
+
+    flops_per_us: float
+    bytes_per_us: float
+    op_launch_us: float
+
+    def op_time_us(self, op) -> float:
+        return max(op_flops(op) / self.flops_per_us, op_bytes(op) / self.bytes_per_us) + self.op_launch_us
+
+
+_CALIBRATIONS: dict[str, Calibration] = {}
+
+
+def calibrate(cache: "ProfileCache | None" = None) -> Calibration:
+    """Measure (or read from ``cache``) the device's FLOP rate (a 512x512 matrix product), memory
+    bandwidth (adding two 4 MiB vectors) and op launch time (adding two scalars, less the call)."""
+    device = cache.device if cache is not None else device_description()
+    keys = ("flops_per_us", "bytes_per_us", "op_launch_us")
+    if device not in _CALIBRATIONS and cache is not None:
+        entry = cache.calibration
+        if isinstance(entry, dict) and all(isinstance(entry.get(k), (int, float)) and entry[k] > 0 for k in keys):
+            _CALIBRATIONS[device] = Calibration(*(float(entry[k]) for k in keys))
+    if device in _CALIBRATIONS:
+        cal = _CALIBRATIONS[device]
+        if cache is not None and not cache.calibration:
+            cache.calibration = {k: getattr(cal, k) for k in keys}
+            cache._dirty = True
+        return cal
+
+    def timed(fn, *args) -> float:
+        return _time_us(tf.function(fn, autograph=False).get_concrete_function(*args), args, 9, 2)
+
+    n = 512
+    a = tf.random.stateless_normal((n, n), seed=(0, 1))
+    matmul_us = timed(tf.linalg.matmul, a, a)
+    v = tf.random.stateless_normal((1 << 20,), seed=(0, 2))
+    add_us = timed(tf.math.add, v, v)
+    s = tf.constant(1.0)
+    tiny_us = timed(tf.math.add, s, s)
+    overhead = _call_overhead_us(7, 2)
+    launch = max(0.5, tiny_us - overhead)
+    cal = Calibration(flops_per_us=2.0 * n ** 3 / max(matmul_us - overhead, 1.0),
+                      bytes_per_us=3.0 * 4 * (1 << 20) / max(add_us - overhead, 1.0), op_launch_us=launch)
+    _CALIBRATIONS[device] = cal
+    if cache is not None:
+        cache.calibration = {k: getattr(cal, k) for k in keys}
+        cache._dirty = True
+    return cal
+
+
+def estimate_cost(graph: tf.Graph, op_names: Iterable[str], calibration: Calibration) -> float:
+    """Calibrated estimate of a node's time in microseconds (see the module docstring)."""
+    total = sum(calibration.op_time_us(graph.get_operation_by_name(name)) for name in op_names)
+    return max(MIN_TIME_US, total)
+
+
 def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequence[str],
                   label_names: Sequence[str], *, batch: Sequence[Any] | None = None, repeats: int = 7,
                   warmup: int = 2, cache_dir: "str | os.PathLike | None" = None, use_cache: bool = True,
-                  progress: bool = True, seed: int = 0) -> ProfileResult:
+                  progress: bool = True, seed: int = 0,
+                  time_budget_s: float | None = DEFAULT_TIME_BUDGET_S) -> ProfileResult:
     """Time every node of a lowered step on the current device, on its real input values.
 
     The step runs once (on ``batch``, or a deterministic stand-in batch) to record every tensor that
     a node reads from outside; then each node's ops run alone, as one pruned function fed with those
-    values: ``warmup`` untimed calls, then ``repeats`` timed ones. The cost is the median time minus
-    the measured overhead of calling an empty function, at least ``MIN_TIME_US`` microseconds.
-    Results are cached per device under :func:`cache_dir`, keyed by the node's op types, attributes,
-    wiring, constant inputs and input shapes; variables the step assigns (BatchNorm statistics,
-    dropout seeds) are restored afterwards.
+    values: ``warmup`` untimed calls, then ``repeats`` timed ones (up to three times as many while
+    the samples spread by more than 20%). The cost is the :func:`robust_median` time minus the
+    measured overhead of calling an empty function, at least ``MIN_TIME_US`` microseconds.
+    Nodes with equal keys are measured once. Results are cached per device under :func:`cache_dir`,
+    keyed by the node's op types, attributes, wiring, constant inputs and input shapes and dtypes;
+    variables the step assigns (BatchNorm statistics, dropout seeds) are restored afterwards.
+
+    ``time_budget_s`` bounds the measuring (None: no bound): the nodes are measured in decreasing
+    order of their calibrated estimate (:func:`estimate_cost`), and those left when it runs out, or
+    that cannot run alone, cost their estimate scaled by the median measured/estimated ratio of the
+    nodes measured in this run. ``ProfileResult.estimated`` counts them; they are not cached.
     """
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be >= 1 and warmup >= 0")
@@ -378,27 +501,56 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     costs: list[float | None] = [cache.get(p.key) if cache else None for p in programs]
     hits = sum(c is not None for c in costs)
     todo = [k for k, c in enumerate(costs) if c is None]
+    estimated: set[int] = set()
+    measured_keys: dict[str, float] = {}
     if todo:
+        calibration = calibrate(cache)
+        guess = {k: estimate_cost(graph, node_ops[k], calibration) for k in todo}
+        # one measurement per distinct key, largest estimates first
+        order: list[int] = []
+        first_of: dict[str, int] = {}
+        for k in sorted(todo, key=lambda k: -guess[k]):
+            if programs[k].key not in first_of:
+                first_of[programs[k].key] = k
+                order.append(k)
         snapshot = [(h, dt, tf.raw_ops.ReadVariableOp(resource=h, dtype=dt)) for h, dt in _written_variables(function)]
+        started = time.perf_counter()
         try:
-            values = _record_inputs(function, graph_def, programs, todo, input_names, label_names, batch, seed)
+            try:
+                values = _record_inputs(function, graph_def, programs, order, input_names, label_names, batch, seed)
+            except (tf.errors.OpError, ValueError, TypeError, KeyError):
+                values = None        # the step cannot run here: every node takes its estimate
             overhead = _call_overhead_us(repeats, warmup)
-            bar = tqdm(todo, desc="profiling", unit="node", disable=None if progress else True, leave=False)
+            bar = tqdm(order, desc="profiling", unit="node", disable=None if progress else True, leave=False)
             for k in bar:
+                if values is None or (time_budget_s is not None and time.perf_counter() - started > time_budget_s):
+                    break
                 p = programs[k]
-                args = [values[name] for name in p.inputs]
-                fn = _compile(p.graph_def, p.feeds, p.fetches, args)
-                median = _time_us(fn, args, repeats, warmup)
-                costs[k] = max(MIN_TIME_US, median - overhead)
+                try:
+                    args = [values[name] for name in p.inputs]
+                    fn = _compile(p.graph_def, p.feeds, p.fetches, args)
+                    median = _time_us(fn, args, repeats, warmup)
+                except (tf.errors.OpError, ValueError, TypeError, KeyError):
+                    continue     # a node that cannot run alone keeps its estimate
+                measured_keys[p.key] = max(MIN_TIME_US, median - overhead)
                 if cache is not None:
-                    cache.put(p.key, costs[k], ops=p.summary, repeats=repeats, median_us=median,
+                    cache.put(p.key, measured_keys[p.key], ops=p.summary, repeats=repeats, median_us=median,
                               overhead_us=overhead)
         finally:
             for h, _, value in snapshot:
                 tf.raw_ops.AssignVariableOp(resource=h, value=value)
+        ratios = [measured_keys[programs[k].key] / guess[k] for k in todo if programs[k].key in measured_keys]
+        scale = float(np.median(ratios)) if ratios else 1.0
+        for k in todo:
+            if programs[k].key in measured_keys:
+                costs[k] = measured_keys[programs[k].key]
+            else:
+                costs[k] = max(MIN_TIME_US, guess[k] * scale)
+                estimated.add(k)
         if cache is not None:
             cache.save()
-    return ProfileResult([float(c) for c in costs], hits, len(todo), str(cache.path) if cache else None)
+    return ProfileResult([float(c) for c in costs], hits, len(todo), str(cache.path) if cache else None,
+                         estimated=len(estimated))
 
 
 def _record_inputs(function, graph_def, programs, todo, input_names, label_names, batch, seed) -> dict:
@@ -431,16 +583,28 @@ def _record_inputs(function, graph_def, programs, todo, input_names, label_names
 
 
 def _time_us(fn, args, repeats: int, warmup: int) -> float:
+    """:func:`robust_median` of ``repeats`` timed calls after ``warmup`` untimed ones; while the
+    samples spread by more than 20% (median absolute deviation over median), up to ``2 * repeats``
+    more are taken."""
     for _ in range(warmup):
         fn(*args)
     _compat.sync_devices()
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn(*args)
-        _compat.sync_devices()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return float(np.median(samples))
+    samples: list[float] = []
+
+    def sample(count: int) -> None:
+        for _ in range(count):
+            start = time.perf_counter()
+            fn(*args)
+            _compat.sync_devices()
+            samples.append((time.perf_counter() - start) * 1e6)
+
+    sample(repeats)
+    for _ in range(2):
+        median = float(np.median(samples))
+        if float(np.median(np.abs(np.asarray(samples) - median))) <= 0.2 * median:
+            break
+        sample(repeats)
+    return robust_median(samples)
 
 
 _OVERHEAD: dict[tuple[int, int], float] = {}

@@ -43,7 +43,8 @@ if TYPE_CHECKING:  # pragma: no cover
 _log = logging.getLogger("checkmate.tf2")
 
 __all__ = ["compile", "compile_lowered", "CompiledStep", "Prediction", "predicted_step_peak", "resident_bytes",
-           "accounting", "resolve_budget", "resolve_budget_reported"]
+           "accounting", "resolve_budget", "resolve_budget_reported",
+           "MeasuredTime", "cost_model_description"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,42 @@ class Prediction:
         """Predicted peak of what the step allocates on top of the resident bytes: the quantity
         :func:`checkmate.tf2.measure_peak_memory` measures (activations, gradients, temporaries)."""
         return self.peak_memory_bytes - self.resident_bytes
+
+
+@dataclass(frozen=True)
+class MeasuredTime:
+    """Measured step time of a compiled step against the plain traced step, in one process."""
+
+    step_seconds: float         # median of the compiled step's gradients
+    plain_seconds: float        # median of the plain traced step's
+    repeats: int
+    cpu_ratio: float | None = None   # the same ratio in process CPU time (robust to other processes)
+
+    @property
+    def ratio(self) -> float:
+        return self.step_seconds / self.plain_seconds if self.plain_seconds > 0 else float("nan")
+
+    def describe(self) -> str:
+        cpu = f", CPU time {self.cpu_ratio:.3f}x" if self.cpu_ratio is not None else ""
+        return (f"{self.step_seconds * 1e3:.1f} ms vs {self.plain_seconds * 1e3:.1f} ms, median of "
+                f"{self.repeats}{cpu}")
+
+
+def cost_model_description(lowered: LoweredGraph) -> str:
+    """Which cost model priced the nodes, in words (for reports)."""
+    meta = lowered.metadata
+    model = meta.get("cost_model", "flops")
+    if model != "profile":
+        return "FLOPs (analytic, from static shapes)"
+    n = lowered.graph.n
+    estimated = int(meta.get("profile_estimated", 0) or 0)
+    hits = int(meta.get("profile_cache_hits", 0) or 0)
+    text = f"profiled on {meta.get('device', 'this device').split(' | ')[0]} (us; {n - estimated} of {n} nodes measured"
+    if hits:
+        text += f", {hits} from the cache"
+    if estimated:
+        text += f", {estimated} a calibrated FLOPs-and-bytes estimate"
+    return text + ")"
 
 
 def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:
@@ -154,6 +191,7 @@ class CompiledStep:
             budget_bytes=int(result.budget_bytes),
         )
         self._train = None
+        self.measured: "MeasuredTime | None" = None    # set by measure_time()
         # what the budget was resolved from (compile_lowered sets it; a budget in bytes says just that)
         self.budget_reference = f"{format_bytes(result.budget_bytes)} ({int(result.budget_bytes)} bytes)"
 
@@ -288,6 +326,17 @@ class CompiledStep:
         """One optimizer step on ``(x, y)``; returns the loss (under a strategy: of the global batch)."""
         return self.train_flat(*self.function.flat_args(x, y))
 
+    def measure_time(self, x: Any = None, y: Any = None, *, repeats: int = 15) -> "MeasuredTime":
+        """Time this step's gradients against the plain traced step (``tf.GradientTape``, Grappler on,
+        as users run it) on ``(x, y)`` (default: a random batch of the compiled shapes), interleaved in
+        one process, median of ``repeats`` each after a warm-up call; the ratio is what the predicted
+        overhead predicts. Kept in :attr:`measured` and shown by :meth:`summary`. Model state the
+        step updates (BatchNorm statistics, dropout seeds) is restored afterwards."""
+        from checkmate.tf2.measure import measure_step_time
+
+        self.measured = measure_step_time(self, x, y, repeats=repeats)
+        return self.measured
+
     # ------------------------------------------------------------------------------ Keras
     def keras_model(self, **kwargs: Any) -> "RematModel":
         """A compiled ``keras.Model`` whose ``fit`` trains with this step (see :class:`RematModel`)."""
@@ -316,7 +365,10 @@ class CompiledStep:
                if p.planned_budget_bytes is not None and p.planned_budget_bytes != p.budget_bytes else ""),
             f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (parameters and batch "
             f"{format_bytes(p.resident_bytes)}, step {format_bytes(p.step_peak_bytes)})",
-            f"  overhead        {p.overhead:.3f}x ({p.recompute_count} recomputations)",
+            f"  cost model      {cost_model_description(self.lowered)}",
+            f"  overhead        {p.overhead:.3f}x predicted ({p.recompute_count} recomputations)"
+            + (f"; measured {self.measured.ratio:.3f}x the plain step ({self.measured.describe()})"
+               if self.measured is not None else "; measured: not yet (step.measure_time())"),
             f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
             f"  solve time      {r.solve_seconds:.2f} s",
         ]
@@ -422,7 +474,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "auto", solver: str | None = None, level: str = "layer",
-            gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "flops",
+            gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "profile",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
             fused_batch_norm: bool = False, plan: Any = None, schedule_cache: Any = None,
             **solve_options: Any) -> CompiledStep:
@@ -466,6 +518,13 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         Run BatchNormalization layers (4-D, channels last) on TensorFlow's fused kernel, whose
         backward keeps no activation-sized temporaries: smaller budgets become feasible. Results equal
         Keras' to floating-point rounding; off by default (see :func:`checkmate.tf2.lowering.lower`).
+
+    cost_model:
+        ``"profile"`` (default): each node's measured time on this device (repeats, median without
+        outliers, cached per device, shapes and dtypes; bounded to a few seconds, the rest a
+        calibrated FLOPs-and-bytes estimate; see :mod:`checkmate.tf2.profiling`), so that the
+        overhead the solver minimizes is time. ``"flops"``: the deterministic FLOP count.
+        :meth:`CompiledStep.summary` names the one used.
 
     plan, schedule_cache:
         ``plan``: a plan file (``checkmate compile --save-plan``) to train with, without solving; it

@@ -181,18 +181,52 @@ def test_dropout_mask_is_shared_by_recomputations():
         assert_close_relative(g, w)
 
 
+def merged_copies(fn, schedule, counts):
+    """Nodes some but not all of whose computations ran (alone or in a fused op): (name, executed,
+    scheduled). A node none of whose copies ran was simplified away by Grappler, every copy alike (a
+    Sum over an axis of size 1, a Reshape to the same shape)."""
+    scheduled = schedule.recompute.sum(axis=0)
+    return [(fn.lowered.graph.names[i], c, int(n)) for i, (c, n) in enumerate(zip(counts, scheduled)) if 0 < c < n]
+
+
 def test_executed_op_copies_equal_schedule_computations(case):
     """Issue 5b: TF runs one copy of a node's ops per computation in the schedule, none merged away."""
     fn = generate(case.lowered, case.schedule)
     computations = case.schedule.recompute.sum(axis=0)
     expected = {op: int(computations[i]) for i, ops in enumerate(case.lowered.node_ops) for op in ops}
     assert fn.op_copies == fn.expected_op_copies() == sum(expected.values())
-    executed = fn.executed_op_counts(case.x, case.y)
-    # Grappler is off for the step, but TF's graph optimizer still runs CSE and constant folding:
-    # every copy must survive them.
-    missing = {op: (executed.get(op, 0), n) for op, n in expected.items() if executed.get(op, 0) != n}
-    assert not missing, f"ops whose executed copies differ from the schedule (executed, scheduled): " \
-                        f"{dict(list(missing.items())[:5])}"
+    counts = fn.executed_copy_counts(case.x, case.y)
+    # Grappler runs (its fusions run several ops as one), and TF's graph optimizer runs CSE and
+    # constant folding after it: every recomputation must survive them.
+    assert not merged_copies(fn, case.schedule, counts)
+    assert sum(c == 0 for c in counts) < case.lowered.graph.n // 4
+
+
+@pytest.mark.parametrize("order", ["total", "partial"])
+def test_every_recomputation_runs_with_grappler_on(order):
+    """The step runs under Grappler as the plain step does, fusions included (a test that fails if
+    the meta optimizer is turned off for it again), and with every pass on that is not in
+    PLAN_BREAKING_PASSES every recomputation of this U-Net plan runs; each pass in it is there
+    because it merges recomputations when on."""
+    model, loss, xs, ys = unet_model()
+    lowered = lower(model, loss, xs, ys, level="layer", gradient_nodes=True)
+    schedule = solve(lowered.graph, checkpoint_all_peak(lowered.graph) // 2, strategy="checkmate_lp_rounding",
+                     **SOLVE_OPTIONS).schedule
+    assert schedule.recompute_count > 0
+    x, y = batch_for(xs, ys, 2)
+    fn = generate(lowered, schedule, order=order)
+    _, executed = fn._executed_names(x, y)
+    assert any("Fused" in kind for kind in executed.values()), "no Grappler fusion ran in the generated step"
+    assert not merged_copies(fn, schedule, fn.executed_copy_counts(x, y))
+    for name in list(_compat.PLAN_BREAKING_PASSES):
+        saved = dict(_compat.PLAN_BREAKING_PASSES)
+        _compat.PLAN_BREAKING_PASSES.pop(name)
+        try:
+            merged = merged_copies(fn, schedule, fn.executed_copy_counts(x, y))
+        finally:
+            _compat.PLAN_BREAKING_PASSES.clear()
+            _compat.PLAN_BREAKING_PASSES.update(saved)
+        assert merged, f"{name} merges no recomputation when on: it need not be switched off"
 
 
 def test_op_level_step_matches_plain_and_copies():
@@ -206,8 +240,7 @@ def test_op_level_step_matches_plain_and_copies():
     (got, want), _ = run_from_same_state(model, [fn, plain(lowered)], x, y)
     for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
         assert_close_relative(g, w)
-    executed = fn.executed_op_counts(x, y)
-    assert sum(executed.values()) == fn.expected_op_copies()
+    assert not merged_copies(fn, result.schedule, fn.executed_copy_counts(x, y))
 
 
 @pytest.mark.parametrize("level", ["layer", "op"])
@@ -276,7 +309,7 @@ def test_layers_split_for_their_workspace_run_and_match_the_plain_step():
     (got, want), _ = run_from_same_state(built.model, [fn, plain(lowered)], x, y)
     for a, b in zip([got[0], *got[1]], [want[0], *want[1]]):
         assert_close_relative(a, b)
-    assert sum(fn.executed_op_counts(x, y).values()) == fn.expected_op_copies()
+    assert not merged_copies(fn, result.schedule, fn.executed_copy_counts(x, y))
 
 
 def test_checkpoint_all_emits_no_copies():
@@ -312,6 +345,7 @@ def test_recomputation_copies_are_anchored_on_the_plan_order():
 
 
 def test_global_optimizer_settings_are_restored():
+    """The step runs with Grappler on except the plan-breaking passes, and leaves the user's settings."""
     model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
     lowered = lower(model, loss, xs, ys, level="layer")
     fn = generate(lowered, checkpoint_all_schedule(lowered.graph))
@@ -319,16 +353,48 @@ def test_global_optimizer_settings_are_restored():
     before = tf.config.optimizer.get_experimental_options()
     inside = []
     with _compat.grappler_disabled():
-        inside.append(tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"])
+        inside.append(tf.config.optimizer.get_experimental_options())
     fn(x, y)
-    assert inside == [True]
+    assert not inside[0].get("disable_meta_optimizer", False)
+    assert all(inside[0].get(name) is on for name, on in _compat.PLAN_BREAKING_PASSES.items())
     assert tf.config.optimizer.get_experimental_options() == before
-    tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": True})
+    tf.config.optimizer.set_experimental_options({"dependency_optimization": True, "remapping": False})
     try:
         fn(x, y)
-        assert tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"] is True
+        assert tf.config.optimizer.get_experimental_options()["dependency_optimization"] is True
+        assert tf.config.optimizer.get_experimental_options()["remapping"] is False
     finally:
-        tf.config.optimizer.set_experimental_options({"disable_meta_optimizer": before["disable_meta_optimizer"]})
+        tf.config.optimizer.set_experimental_options({"dependency_optimization": None, "remapping": None})
+    assert tf.config.optimizer.get_experimental_options() == before
+
+
+def test_partial_order_anchors_recomputations_and_backward_only():
+    """order="partial": the first forward computations carry no control input (they run in dataflow
+    order); every recomputation and every backward computation is anchored on the plan step before it."""
+    model, loss, xs, ys = mlp_model(batch=8, width=8, depth=3)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    schedule = solve(graph, 10 * checkpoint_all_peak(graph), strategy="checkpoint_last_node").schedule
+    rewritten = rewrite_graph_def(lowered, schedule, order="partial")
+    by_name = {nd.name: nd for nd in rewritten.graph_def.node}
+    computes = [i for action, i in schedule.plan if action == "compute"]
+    seen = {}
+    anchored = {True: 0, False: 0}
+    for step, i in enumerate(computes):
+        k = seen.get(i, 0)
+        seen[i] = k + 1
+        if step == 0:
+            continue
+        ops = rewritten.copy_ops[(i, k)]
+        prev = computes[step - 1]
+        prev_ops = set(rewritten.copy_ops[(prev, seen[prev] - 1)])
+        controls = {t[1:] for op in ops for t in by_name[op].input if t.startswith("^")}
+        must = k > 0 or bool(graph.backward[i])
+        assert bool(controls & prev_ops) == must, (graph.names[i], k)
+        anchored[must] += 1
+    assert anchored[True] and anchored[False]
+    with pytest.raises(Exception, match="unknown order"):
+        rewrite_graph_def(lowered, schedule, order="none")
 
 
 def test_plan_that_reads_a_freed_value_is_rejected():

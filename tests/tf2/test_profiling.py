@@ -125,3 +125,84 @@ def test_cache_ignores_corrupt_file(tmp_path):
     fresh.put("k", 12.5, ops="MatMul")
     fresh.save()
     assert profiling.ProfileCache(tmp_path).get("k") == 12.5
+
+
+def test_robust_median_drops_slow_outliers():
+    samples = [10.0, 10.5, 9.8, 10.2, 10.1, 95.0, 10.3]
+    assert profiling.robust_median(samples) == pytest.approx(10.15)
+    assert profiling.robust_median([5.0]) == 5.0
+    with pytest.raises(ValueError):
+        profiling.robust_median([])
+
+
+def test_estimate_counts_memory_bound_ops():
+    """A LayerNormalization + GELU node has almost no FLOPs per byte: the calibrated estimate prices
+    its bytes, so it is not negligible next to a matrix product of the same width (FLOPs say it is)."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((512,))
+    h = keras.layers.Dense(512, name="dense")(inp)
+    h = keras.layers.LayerNormalization(name="norm")(h)
+    out = keras.layers.Activation("gelu", name="act")(h)
+    lg = lower(keras.Model(inp, out), lambda y, p: tf.reduce_mean(p), tf.TensorSpec((256, 512)),
+               tf.TensorSpec((256,)), level="layer", cost_model="flops")
+    cal = profiling.Calibration(flops_per_us=1e5, bytes_per_us=1e4, op_launch_us=1.0)
+    fg = lg.function.graph
+    names = lg.graph.names
+    est = {n: profiling.estimate_cost(fg, lg.node_ops[names.index(n)], cal) for n in ("dense", "norm", "act")}
+    flops = {n: lg.graph.cost[names.index(n)] for n in ("dense", "norm", "act")}
+    assert flops["act"] / flops["dense"] < 0.05
+    assert est["act"] / est["dense"] > 0.2
+    # the roofline: an op costs at least its bytes over the bandwidth and its FLOPs over the rate
+    matmul = next(op for op in fg.get_operations() if op.type == "MatMul")
+    assert cal.op_time_us(matmul) >= profiling.op_flops(matmul) / cal.flops_per_us
+    assert cal.op_time_us(matmul) >= profiling.op_bytes(matmul) / cal.bytes_per_us
+
+
+def test_time_budget_spent_gives_calibrated_estimates(tmp_path):
+    """With no time to measure, every node costs its calibrated estimate (nothing cached); with time,
+    the largest nodes are measured and the ones left are scaled by the measured/estimated ratio."""
+    model = bn_dropout_model()
+    lg = lower(model, XENT, *specs(), level="layer", cost_model="profile", progress=False,
+               profile_options={**OPTS, "cache_dir": tmp_path, "time_budget_s": 0.0})
+    assert lg.metadata["profile_estimated"] == lg.graph.n
+    assert (lg.graph.cost >= profiling.MIN_TIME_US).all()
+    data = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert not data["entries"] and data["calibration"]["flops_per_us"] > 0
+    full = lower(model, XENT, *specs(), level="layer", cost_model="profile", progress=False,
+                 profile_options={**OPTS, "cache_dir": tmp_path, "time_budget_s": None})
+    assert full.metadata["profile_estimated"] == 0
+
+
+def test_compile_defaults_to_profiled_costs_and_says_so(tmp_path, monkeypatch):
+    import checkmate.tf2 as ct
+
+    monkeypatch.setenv(profiling.CACHE_ENV, str(tmp_path))
+    model = bn_dropout_model()
+    step = ct.compile(model, XENT, keras.optimizers.SGD(), *specs(), budget="100%", strategy="checkpoint_all")
+    assert step.lowered.metadata["cost_model"] == "profile"
+    assert step.lowered.metadata["cost_unit"] == "us"
+    text = step.summary()
+    assert "cost model      profiled on" in text and "measured: not yet" in text
+    measured = step.measure_time(repeats=3)
+    assert measured.step_seconds > 0 and measured.plain_seconds > 0
+    assert f"measured {measured.ratio:.3f}x the plain step" in step.summary()
+    flops = ct.compile(model, XENT, keras.optimizers.SGD(), *specs(), budget="100%", strategy="checkpoint_all",
+                       cost_model="flops")
+    assert "cost model      FLOPs" in flops.summary()
+
+
+def test_remat_model_reports_measured_step_time_after_first_epoch(tmp_path, monkeypatch, capsys):
+    from checkmate.tf2.keras_model import RematModel
+
+    monkeypatch.setenv(profiling.CACHE_ENV, str(tmp_path))
+    model = bn_dropout_model()
+    remat = RematModel(model, budget="100%", strategy="checkpoint_all")
+    remat.compile(optimizer=keras.optimizers.SGD(), loss=XENT)
+    x = np.random.default_rng(0).standard_normal((8, 6, 6, 2)).astype("float32")
+    y = np.zeros((8,), "int32")
+    remat.fit(x, y, batch_size=4, epochs=2, verbose=2)
+    out = capsys.readouterr().out
+    assert out.count("checkmate: step time") == 1       # after the first epoch only
+    step = remat.compiled_step()
+    assert step.measured is not None and step.measured.repeats > 0
+    assert f"{step.measured.ratio:.3f}x the plain step (predicted overhead {step.predicted.overhead:.3f}x" in out

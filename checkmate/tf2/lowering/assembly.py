@@ -85,6 +85,7 @@ def node_costs(traced: TracedStep, node_ops: Sequence[Sequence[str]], cost_model
                                          progress=progress, **dict(profile_options or {}))
         costs = result.costs
         profile_info = {"profile_cache_hits": result.hits, "profile_cache_misses": result.misses,
+                        "profile_estimated": result.estimated,
                         "profile_cache": result.cache_path, "device": profiling.device_description()}
         unit = "us"
     return costs, unit, profile_info
