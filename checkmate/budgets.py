@@ -1,6 +1,12 @@
-"""Memory budgets as people write them: parsing (``"2GiB"``, ``"1.5GB"``, ``"60%"``) and printing.
+"""Memory budgets as people write them: parsing (``"2GiB"``, ``"1.5GB"``, ``"60%"``,
+``"50% activations"``) and printing.
 
-A percentage refers to the checkpoint-all peak (:func:`checkmate.bounds.checkpoint_all_peak`).
+A bare percentage refers to the checkpoint-all peak (:func:`checkmate.bounds.checkpoint_all_peak`).
+A percentage of the activations (``"50% activations"``, ``"50% of activations"``, ``"50% activation
+memory"``) refers to the memory a step uses above what any schedule must hold: the graph's fixed
+bytes (parameters, the batch, the optimizer state and, in a compact graph, the gradients) and its
+outputs (the loss, the parameter gradients, kept to the end of the step). ``"100% activations"`` is
+the checkpoint-all peak, ``"0% activations"`` that floor (:func:`activation_reference`).
 A plain byte count must be whole (``1.5`` or ``"1.5B"`` is refused, not floored); a size in larger
 units or a percentage is rounded down to whole bytes (``"1.1KiB"`` is 1126 bytes).
 """
@@ -13,13 +19,16 @@ import re
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from checkmate.bounds import checkpoint_all_peak
 from checkmate.errors import InvalidBudgetError
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["parse_budget", "format_bytes", "MAX_BUDGET_BYTES"]
+__all__ = ["parse_budget", "format_bytes", "MAX_BUDGET_BYTES", "activation_reference", "budget_fraction",
+           "is_relative_budget", "describe_fraction"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -33,10 +42,49 @@ MAX_BUDGET_BYTES = 2**63
 _MAX_EXPONENT = 400          # |e| beyond this is out of range whatever the mantissa (digits are bounded too)
 _MAX_SHOWN_CHARS = 40
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
+_ACTIVATIONS_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*(?:of\s+)?(?:the\s+)?activations?(?:\s+memory)?\s*$",
+                             re.IGNORECASE)
+_SYNTAX = "give bytes, '2GiB', '1.5GB', '60%' or '50% activations'"
+
+
+def activation_reference(graph: "Graph") -> tuple[int, int]:
+    """``(floor_bytes, activation_bytes)`` of ``graph``: the bytes every schedule holds (fixed bytes
+    plus every output node's value, all resident at the end of the step) and the checkpoint-all peak's
+    memory above them, to which ``"X% activations"`` refers."""
+    floor = int(graph.fixed_mem) + int(np.asarray(graph.mem)[np.asarray(graph.output, dtype=bool)].sum())
+    return floor, max(checkpoint_all_peak(graph) - floor, 0)
+
+
+def is_relative_budget(budget: Any) -> bool:
+    """Whether ``budget`` is a share of a graph's own reference (``"60%"``, ``"50% activations"``)."""
+    return isinstance(budget, str) and "%" in budget
+
+
+def budget_fraction(budget_bytes: int, graph: "Graph", budget: Any) -> float | None:
+    """``budget_bytes`` as the percentage of the reference ``budget`` was given in (the checkpoint-all
+    peak, or the activations for ``"X% activations"``); ``None`` for a budget in bytes."""
+    if not is_relative_budget(budget):
+        return None
+    if _ACTIVATIONS_RE.match(budget):
+        floor, activations = activation_reference(graph)
+        return 100.0 * (budget_bytes - floor) / activations if activations > 0 else None
+    reference = checkpoint_all_peak(graph)
+    return 100.0 * budget_bytes / reference if reference > 0 else None
+
+
+def describe_fraction(budget_bytes: int, graph: "Graph", budget: Any) -> str:
+    """``", 63.2% of the activations"`` (or ``"of checkpoint-all's peak"``) for a relative budget: how a
+    budget in bytes reads in the terms the user gave theirs; empty for a budget in bytes."""
+    fraction = budget_fraction(budget_bytes, graph, budget)
+    if fraction is None:
+        return ""
+    what = "the activations" if _ACTIVATIONS_RE.match(budget) else "checkpoint-all's peak"
+    return f", {fraction:.1f}% of {what}"
 
 
 def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
-    """Bytes from ``123``, ``"2GiB"``, ``"1.5GB"``, ``"512MiB"`` or ``"60%"`` (of checkpoint-all's peak)."""
+    """Bytes from ``123``, ``"2GiB"``, ``"1.5GB"``, ``"512MiB"``, ``"60%"`` (of checkpoint-all's peak) or
+    ``"50% activations"`` (of the activation memory, above the bytes every schedule holds)."""
     if isinstance(budget, bool):
         raise InvalidBudgetError(f"invalid budget {budget!r}")
     if isinstance(budget, numbers.Integral):
@@ -51,10 +99,19 @@ def parse_budget(budget: Any, graph: "Graph | None" = None) -> int:
             raise _fractional_bytes(budget)
         return _bounded(int(value), budget)
     if not isinstance(budget, str):
-        raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
+        raise InvalidBudgetError(f"invalid budget {_short(budget)}: {_SYNTAX}")
+    activations = _ACTIVATIONS_RE.match(budget)
+    if activations:
+        share = Fraction(activations.group(1))
+        if share <= 0:
+            raise InvalidBudgetError(f"budget must be positive, got {budget!r}")
+        if graph is None:
+            raise InvalidBudgetError(f"a budget in activations ({budget.strip()}) needs a graph to refer to")
+        floor, activation_bytes = activation_reference(graph)
+        return _bounded(floor + math.floor(activation_bytes * share / 100), budget, zero_ok=True)
     match = _BUDGET_RE.match(budget)
     if not match:
-        raise InvalidBudgetError(f"invalid budget {budget!r}: give bytes, '2GiB', '1.5GB' or '60%'")
+        raise InvalidBudgetError(f"invalid budget {_short(budget)}: {_SYNTAX}")
     exponent = re.search(r"[eE]([+-]?[0-9]+)$", match.group(1))
     if exponent and abs(int(exponent.group(1))) > _MAX_EXPONENT:
         # an exact Fraction of 1e99999999 would take minutes and gigabytes to build

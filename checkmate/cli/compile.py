@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     p.add_argument("--solver", default=None)
     p.add_argument("--time-limit", type=positive_float, default=None, metavar="S")
     add_mip_gap(p)
-    p.add_argument("--level", choices=("layer", "op"), default="layer")
+    p.add_argument("--level", choices=("auto", "layer", "op"), default="auto",
+                   help="graph granularity (default auto: nested models and composite layers looked into)")
     p.add_argument("--fused-batch-norm", action="store_true",
                    help="run BatchNormalization on TensorFlow's fused kernel (a smaller backward working set; "
                         "results equal Keras' to rounding)")
@@ -69,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
           f"{report['device']}; parameters and batch {format_bytes(report['resident_bytes'])} not counted below")
     print(f"accounting: {report['accounting']}")
     print(f"cost model: {report['cost_model']}")
+    for k, line in enumerate(lowered.metadata.get("split_layers") or ()):
+        print(("split: " if k == 0 else "       ") + line)
     print(f"budget: {report['budget_reference']}")
     print(f"plain step: measured peak {format_bytes(plain['measured_peak_bytes'])} (checkpoint-all predicted "
           f"{format_bytes(plain['predicted_peak_bytes'])}, a budget of "

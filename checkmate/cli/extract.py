@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     src.add_argument("--keras-file", type=path, metavar="F.keras", help="a saved Keras model")
     p.add_argument("--batch-size", type=positive_int, required=True)
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
-    p.add_argument("--level", choices=("layer", "op"), default="layer")
+    p.add_argument("--level", choices=("layer", "op", "auto"), default="layer")
     p.add_argument("--cost-model", choices=("profile", "flops"), default="profile")
     p.add_argument("--fused-batch-norm", action="store_true",
                    help="lower BatchNormalization on TensorFlow's fused kernel (see checkmate compile --help)")

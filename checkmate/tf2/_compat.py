@@ -80,6 +80,16 @@ def op_is_stateful(op: "tf.Operation") -> bool:
         return True
 
 
+def sublayers(layer: object) -> list:
+    """The layers ``layer`` holds directly (a model's layers, a composite layer's sublayers such as a
+    transformer block's attention and dense layers). Keras 3 (3.0-3.15): ``Layer._flatten_layers``
+    (private) lists the sublayers Keras tracks; ``Model.layers`` is the public form for models only."""
+    flatten = getattr(layer, "_flatten_layers", None)
+    if flatten is None:
+        return list(getattr(layer, "layers", None) or [])
+    return list(flatten(include_self=False, recursive=False))
+
+
 def current_graph_op_count() -> int:
     """Number of ops created so far in the graph being traced (TF 2.21: inside ``tf.function``
     tracing ``tf.compat.v1.get_default_graph()`` is the FuncGraph, and ``get_operations()`` lists

@@ -34,7 +34,8 @@ class LoweredGraph:
         The solver's view: op level (one node per data-producing op) or layer level (one forward and
         one backward node per Keras layer).
     level:
-        ``"op"`` or ``"layer"``.
+        ``"op"``, ``"layer"`` or ``"mixed"`` (``level="auto"`` looked inside nested models or composite
+        layers: layer nodes and op nodes; ``metadata["split_layers"]`` says what was split and why).
     function:
         The plain traced training step, a ``ConcreteFunction`` ``(x, y) -> (loss, *grads)`` with the
         gradients in ``model.trainable_variables`` order. Its ``.graph.as_graph_def()`` is what code

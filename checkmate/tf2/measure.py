@@ -18,6 +18,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from checkmate.budgets import is_relative_budget
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
@@ -220,7 +221,7 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     rows = []
     # a percentage is passed on as such (it is planned as given); anything else as its resolved bytes,
     # so that "auto" is read from the device once for every strategy
-    per_strategy = budget if isinstance(budget, str) and budget.strip().endswith("%") else budget_bytes
+    per_strategy = budget if is_relative_budget(budget) else budget_bytes
     for name in strategies:
         row: dict[str, Any] = {"strategy": name}
         try:

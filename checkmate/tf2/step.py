@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from checkmate.budgets import activation_reference, describe_fraction, is_relative_budget
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
@@ -156,11 +157,20 @@ def resolve_budget_reported(budget: Any, graph, model: Any = None, device: str |
         return total, (f"auto: {format_bytes(free)} free on {where} + {format_bytes(resident)} of model variables "
                        f"= {format_bytes(total)} ({total} bytes)")
     total = parse_budget(budget, graph)
-    if isinstance(budget, str) and budget.strip().endswith("%"):
+    if is_relative_budget(budget) and "activation" in budget.lower():
+        floor, activations = activation_reference(graph)
+        return total, (f"{budget.strip()}: {format_bytes(floor)} that every schedule holds (parameters, batch, "
+                       f"gradients, outputs) + that share of the activations {format_bytes(activations)} = "
+                       f"{format_bytes(total)} ({total} bytes)")
+    if is_relative_budget(budget):
         reference = checkpoint_all_peak(graph)
         return total, (f"{budget.strip()} of checkpoint-all's peak {format_bytes(reference)} = {format_bytes(total)} "
                        f"({total} bytes)")
     return total, f"{format_bytes(total)} ({total} bytes)"
+
+
+# split layers listed by CompiledStep.summary (the rest are counted)
+_SUMMARY_SPLIT_LINES = 8
 
 
 class CompiledStep:
@@ -376,10 +386,17 @@ class CompiledStep:
             rows = int(self.function.input_specs[0].shape[0])
             lines.insert(1, f"  replicas        {self.replicas} ({distribution_name(self.distribution)}): planned for one "
                             f"replica's batch of {rows} (global batch {rows * self.replicas}); every replica runs it")
+        split_layers = self.lowered.metadata.get("split_layers") or ()
+        if split_layers:
+            # level="auto": what was looked into below one node per layer, and why
+            shown = list(split_layers[:_SUMMARY_SPLIT_LINES])
+            if len(split_layers) > len(shown):
+                shown.append(f"... and {len(split_layers) - len(shown)} more")
+            lines[1:1] = ["  split           " + (line if k == 0 else " " * 16 + line) for k, line in enumerate(shown)]
         if self.lowered.metadata.get("fused_batch_norm"):
             lines.insert(2, "  batch norm      TensorFlow's fused kernel (fused_batch_norm=True)")
         workspace = self.lowered.metadata.get("workspace_bytes") or ()
-        if self.lowered.level == "layer" and workspace and max(workspace) > 0:
+        if self.lowered.level != "op" and workspace and max(workspace) > 0:
             # What a layer node allocates while it runs, beyond the tensors it passes on: not in the
             # plan (see README, "measure_peak_memory"). Shown so that a large one can be weighed.
             k = int(np.argmax(workspace))
@@ -400,13 +417,18 @@ class CompiledStep:
 # memory above the resident parameters and batch. A percentage budget is a fraction of the plan's own
 # checkpoint-all peak, so it is planned as given.
 ALLOCATOR_HEADROOM_FRACTION = 0.05
+# compile()'s solve time when none is given: with the lowering and code generation (seconds to a
+# minute on transformers of a few hundred nodes on 2 shared CPU cores), compiling stays under five
+# minutes. The auto strategy returns its best schedule so far at the limit and says how far from
+# optimal it may be.
+COMPILE_TIME_LIMIT_S = 150.0
 
 
 def planning_budget(budget: Any, budget_bytes: int, resident: int,
                     headroom: float = ALLOCATOR_HEADROOM_FRACTION) -> int:
     """The budget the schedule is planned for: ``budget_bytes`` less the allocator headroom on the part
     above the ``resident`` bytes, unless ``budget`` is a percentage."""
-    if (isinstance(budget, str) and budget.strip().endswith("%")) or budget_bytes <= resident or headroom <= 0:
+    if is_relative_budget(budget) or budget_bytes <= resident or headroom <= 0:
         return budget_bytes
     return resident + math.floor((budget_bytes - resident) * (1.0 - headroom))
 
@@ -458,8 +480,9 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
             "to the allocator")
         raise InfeasibleBudgetError(
             f"{strategy}: no schedule of {lowered.graph.name} fits in {format_bytes(budget_bytes)} "
-            f"({budget_bytes} bytes{headroom_note}); minimum feasible budget: {format_bytes(minimum)} "
-            f"({minimum} bytes)",
+            f"({budget_bytes} bytes{describe_fraction(budget_bytes, lowered.graph, budget)}{headroom_note}); "
+            f"minimum feasible budget: {format_bytes(minimum)} "
+            f"({minimum} bytes{describe_fraction(minimum, lowered.graph, budget)})",
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
@@ -473,7 +496,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
-            strategy: str = "auto", solver: str | None = None, level: str = "layer",
+            strategy: str = "auto", solver: str | None = None, level: str = "auto",
             gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "profile",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
             fused_batch_norm: bool = False, plan: Any = None, schedule_cache: Any = None,
@@ -498,9 +521,16 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     strategy, solver, time_limit_s:
         Passed to :func:`checkmate.solve`. ``strategy="auto"`` (default): the exact MILP on small
         graphs, the hierarchical strategy on large ones, never worse than the best baseline;
-        ``time_limit_s=None`` means the solver's documented default (ten minutes).
+        ``time_limit_s=None`` means :data:`COMPILE_TIME_LIMIT_S` for the solve, so that compiling a
+        model stays within a few minutes (:func:`checkmate.solve` alone defaults to ten minutes).
     level:
-        ``"layer"`` or ``"op"`` granularity of the graph.
+        ``"auto"`` (default), ``"layer"`` or ``"op"`` granularity of the graph. ``"auto"`` looks
+        inside nested models and composite layers (a KerasHub task's backbone, its transformer
+        blocks, their attention layers): every layer that runs no other layer is a node (with the
+        splits of ``gradient_nodes``), and the ops a composite layer runs itself (attention scores,
+        softmax, residual adds) are one node each, as are the ops of a layer whose temporaries
+        outweigh its output; :meth:`CompiledStep.summary` lists what was split and why. A model of
+        plain layers gets the layer-level graph.
     gradient_nodes:
         Layer level: ``True`` (default) puts each layer's parameter gradients in an output node of
         its own, resident from when it is computed, and the part of a layer its backward reads in a
@@ -541,6 +571,8 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
     """
     if verbose:
         solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
+    if time_limit_s is None:
+        time_limit_s = COMPILE_TIME_LIMIT_S
     with verbose_logging(verbose):
         lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
                         cost_model=cost_model, optimizer=optimizer, predictions=predictions,

@@ -20,6 +20,17 @@ op without outputs. The nodes producing the loss and the parameter gradients are
 **Layer level** (``level="layer"``, the paper's granularity): one forward and one backward node per
 top-level Keras layer call (the loss function is a layer of its own, named ``loss``).
 
+**Auto** (``level="auto"``, the default of :func:`checkmate.tf2.compile`): the layer level, looking
+inside nested models and composite layers so that no node is a whole sub-network. Every layer call
+is recorded at every depth, named by its path (``backbone/transformer_layer_0/self_attention/query``);
+a layer that runs no other layer is a layer node (with the gradient-node splits), and an op that a
+composite layer (a nested model, a KerasHub task's backbone, a transformer block, an attention
+layer) runs outside its sublayers (attention scores and softmax, residual adds, a model's glue) is a
+node of its own; layer nodes whose temporaries outweigh their output are split into op nodes as at
+the layer level. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
+otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says, one line per layer, what was
+split and why.
+
 Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
 computation to the end of the step (docs/design.md §3), and a node's value is all of its ``mem``. At
 op level this is exact: each gradient op is a node whose value is the gradient, and the nodes
@@ -58,6 +69,7 @@ from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_cos
 from checkmate.tf2.lowering.grouping import (
     LOSS_LAYER,
     WORKSPACE_SPLIT_FRACTION,
+    composite_calls,
     gradient_node_groups,
     layer_groups,
     merge_cycles,
@@ -72,7 +84,7 @@ __all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops",
 
 _log = logging.getLogger("checkmate.tf2.lowering")
 
-LEVELS = ("op", "layer")
+LEVELS = ("auto", "op", "layer")
 COST_MODELS = ("flops", "profile")
 
 
@@ -125,17 +137,19 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     started = time.perf_counter()
     _log.info("lowering %s (%s level)", getattr(model, "name", "model"), level)
     traced = trace_step(model, loss, input_spec, label_spec, optimizer=optimizer, predictions=predictions,
-                        fused_batch_norm=fused_batch_norm)
+                        fused_batch_norm=fused_batch_norm, nested=level == "auto")
     op_graph = OpGraph.of(traced)
     infos = classify_ops(traced, op_graph)
     warn: list[str] = []
     warn_opaque(infos, warn)
     compact_nodes = None
+    composites: dict[str, int] = {}
     if level == "op":
         groups = op_groups(infos)
         split = True  # op level is exact: every gradient op is an output node of its own
     else:
-        compact = layer_groups(traced, infos, op_graph)
+        composites = composite_calls(traced) if level == "auto" else {}
+        compact = layer_groups(traced, infos, op_graph, composites)
         groups = merge_cycles(compact, op_graph)
         compact_nodes = len(groups)
         split = bool(gradient_nodes)
@@ -143,28 +157,54 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
             groups = merge_cycles(gradient_node_groups(compact, infos, op_graph, traced), op_graph)
     if not groups:
         raise UnsupportedOpError("the training step has no op that depends on the batch")
-    label = name or f"{getattr(model, 'name', 'model')}-{level}"
+    split_layers = _split_reasons(traced, composites, [], groups) if level == "auto" else ()
+    # what auto chose: the layer graph when no layer was looked into, else a mix of layer and op nodes
+    chosen = level if level != "auto" else ("mixed" if split_layers else "layer")
+    label = name or f"{getattr(model, 'name', 'model')}-{chosen}"
     param_batch = fixed_bytes(model, traced)
     grad_bytes = gradient_bytes(traced, infos)
     grads_resident = not split
     fixed = param_batch + (grad_bytes if grads_resident else gradient_bytes(traced, infos, static_only=True))
-    graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups, level, label, fixed,
-                                                             grads_resident)
+    # auto's nodes are layer nodes (or single ops, whose layer-level accounting is the op's)
+    accounting_level = "op" if level == "op" else "layer"
+    graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups, accounting_level, label,
+                                                             fixed, grads_resident)
     split_nodes: list[str] = []
-    if level == "layer" and split:   # the compact graph keeps the papers' one node per layer
+    if level != "op" and split:   # the compact graph keeps the papers' one node per layer
         groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order)
         if split_nodes:
-            graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, level, label,
-                                                                 fixed, grads_resident)
+            graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, accounting_level,
+                                                                 label, fixed, grads_resident)
     if cost_model == "profile":
         _log.info("profiling %d nodes", graph.n)
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
     _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
               time.perf_counter() - started)
-    return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=level,
+    if level == "auto" and split_nodes:
+        split_layers = _split_reasons(traced, composites, split_nodes, groups)
+        chosen = "mixed"
+    return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=chosen,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
                          parameter_and_batch_bytes=param_batch, grad_bytes=grad_bytes,
                          grads_resident=grads_resident, gradient_nodes=split, compact_nodes=compact_nodes,
                          split_workspace_nodes=split_nodes, profile_info=profile_info,
-                         fused_batch_norm=bool(fused_batch_norm))
+                         fused_batch_norm=bool(fused_batch_norm), split_layers=split_layers)
 
+
+def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_nodes: list[str],
+                   groups: list) -> tuple[str, ...]:
+    """What ``level="auto"`` split below one node per layer, and why, one line per layer."""
+    recorded = {name for name, _, _ in traced.layer_calls}
+    own_ops = dict.fromkeys(composites, 0)
+    for g in groups:
+        if g.backward or not g.layer or g.layer in recorded:
+            continue
+        owner = max((c for c in composites if g.layer.startswith(c + "/")), key=len, default=None)
+        if owner is not None:
+            own_ops[owner] += 1
+    lines = [f"{name}: runs {composites[name]} layer call(s), each a node or split further"
+             + (f"; its own {own_ops[name]} op(s) one node each" if own_ops[name] else "")
+             for name in sorted(composites)]
+    lines += [f"{name}: one node per op (its temporaries outweigh its output and "
+              f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
+    return tuple(lines)

@@ -102,7 +102,7 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
                   warnings: Sequence[str], workspace: tuple[int, ...], parameter_and_batch_bytes: int,
                   grad_bytes: int, grads_resident: bool, gradient_nodes: bool, compact_nodes: int | None,
                   split_workspace_nodes: Sequence[str], profile_info: Mapping[str, Any],
-                  fused_batch_norm: bool = False) -> LoweredGraph:
+                  fused_batch_norm: bool = False, split_layers: Sequence[str] = ()) -> LoweredGraph:
     """The :class:`LoweredGraph` of ``graph`` (costs included), with the lowering's metadata."""
     batch = [graph_tensor.shape[0] for graph_tensor in traced.function.inputs[: len(traced.input_names)]]
     metadata = {
@@ -126,6 +126,8 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
         "compact_nodes": compact_nodes,
         # layer nodes split into one node per op for their workspace (WORKSPACE_SPLIT_FRACTION)
         "split_workspace_nodes": tuple(split_workspace_nodes),
+        # level="auto": the layers split below one node per layer, and why (one line each)
+        "split_layers": tuple(split_layers),
         **profile_info,
     }
     return LoweredGraph(

@@ -58,6 +58,7 @@ from checkmate.tf2.lowering.ops import OpGraph, OpInfo
 from checkmate.tf2.lowering.trace import TracedStep
 
 __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
+           "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
@@ -100,8 +101,27 @@ def op_groups(infos: Sequence[OpInfo]) -> list[Group]:
     return groups
 
 
-def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph) -> dict[int, str]:
-    """Attribute every non-static op to a layer name (the loss function counts as layer ``loss``)."""
+def composite_calls(traced: TracedStep) -> dict[str, int]:
+    """The recorded layer calls inside which other recorded calls ran (a nested model, a transformer
+    block, an attention layer), by path, with the number of calls directly inside each."""
+    names = {name for name, _, _ in traced.layer_calls}
+    inner: dict[str, int] = {}
+    for name in names:
+        if "/" in name:
+            parent = name.rsplit("/", 1)[0]
+            if parent in names:
+                inner[parent] = inner.get(parent, 0) + 1
+    return inner
+
+
+def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph,
+                  composites: Mapping[str, int] | None = None) -> dict[int, str]:
+    """Attribute every non-static op to a layer name (the loss function counts as layer ``loss``).
+
+    With ``composites`` (calls that contain other calls), an op that a composite call creates
+    outside all of its sublayers' calls (attention scores and softmax, a block's residual adds, a
+    nested model's glue) is a pseudo-layer of its own, ``<composite>/<op>``: one node per op.
+    """
     layer: dict[int, str] = {}
     # Forward: innermost recorded call containing the op (calls are appended on exit, so a call
     # nested in another is listed first; sorting by length picks the innermost).
@@ -117,6 +137,16 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
                     break
         elif i < traced.grad_start:
             layer[i] = LOSS_LAYER
+    if composites:
+        taken: set[str] = set()
+        for i, name in sorted(layer.items()):
+            if name in composites:
+                tail = "/".join(infos[i].op.name.split("/")[-2:])
+                label = f"{name}/{tail}"
+                if label in taken:
+                    label = f"{label}#{i}"
+                taken.add(label)
+                layer[i] = label
 
     # Backward: the forward op (or scope) whose name the gradient op carries.
     scope_layer: dict[str, str | None] = {}
@@ -248,9 +278,11 @@ def _outside_users(ops: list[int], op_graph: OpGraph) -> dict[int, bool]:
             for i in ops}
 
 
-def layer_groups(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph) -> list[Group]:
-    """One forward and one backward group per layer call (plus ``:state`` parts): the compact graph."""
-    layer = _layer_of_ops(traced, infos, op_graph)
+def layer_groups(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph,
+                 composites: Mapping[str, int] | None = None) -> list[Group]:
+    """One forward and one backward group per layer call (plus ``:state`` parts): the compact graph.
+    With ``composites`` (see :func:`_layer_of_ops`), a composite call's own ops are one group each."""
+    layer = _layer_of_ops(traced, infos, op_graph, composites)
     buckets: dict[tuple[str, bool], list[int]] = {}
     for info in infos:
         if not info.static:

@@ -47,7 +47,8 @@ class TracedStep:
     loss_start: int
     grad_start: int
     terminal_start: int
-    # (layer name, first op index, end op index) of every call of a top-level layer
+    # (layer name, first op index, end op index) of every call of a top-level layer (traced with
+    # nested=True: of every layer at every depth, named by its path, e.g. "backbone/block_0/query")
     layer_calls: list[tuple[str, int, int]] = field(default_factory=list)
     # with predictions: the model's output as returned by the step (a nest of tensor names)
     pred_structure: Any = None
@@ -253,7 +254,7 @@ def _capture_variables(function: Any, distribution: Any, candidates: Any) -> tup
 
 
 def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None,
-               predictions: bool = False, fused_batch_norm: bool = False) -> TracedStep:
+               predictions: bool = False, fused_batch_norm: bool = False, nested: bool = False) -> TracedStep:
     """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges.
 
     ``predictions=True`` also returns the training forward pass's output (``(loss, *grads, *preds)``,
@@ -262,6 +263,11 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
     With an ``optimizer`` that scales the loss (``keras.optimizers.LossScaleOptimizer``), the gradients
     are those of ``optimizer.scale_loss(loss)``, as in Keras' own ``train_step``: its
     ``apply_gradients`` unscales them. The returned loss is the unscaled one.
+
+    ``nested=True`` records the calls of every layer at every depth (layers of nested models, the
+    sublayers of composite layers), each named by its path of enclosing calls
+    (``"backbone/transformer_layer_0/self_attention/query"``); by default only the top-level
+    layers' calls are recorded, under their names.
     """
     distribution = distribution_strategy(model)
     input_spec = _as_specs(input_spec, "input_spec")
@@ -315,7 +321,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
 
     def trace():
         # the fused calls go in first, so that the layer-call watcher wraps them and attributes their ops
-        with _fused_batch_norm(model, fused_batch_norm), _watch_layer_calls(model, calls):
+        with _fused_batch_norm(model, fused_batch_norm), _watch_layer_calls(model, calls, nested=nested):
             return tf.function(step).get_concrete_function(input_spec, label_spec)
 
     # Under a strategy the step is one replica's: traced in a replica context, it reads that replica's
@@ -377,25 +383,54 @@ class _watch_layer_calls(_instance_calls):
     """Record, while tracing, which ops each top-level layer call creates.
 
     Wraps the ``call`` of each top-level layer (a user's own instance ``call`` is left alone, one that
-    checkmate substituted is wrapped too), and restores them on exit.
+    checkmate substituted is wrapped too), and restores them on exit. ``nested=True`` wraps every
+    layer at every depth (:func:`checkmate.tf2._compat.sublayers`) and names each call by the path
+    of the calls it runs in; a path called again (a layer applied twice in one block) gets ``#2``,
+    ``#3``..., so that every call is a node of its own.
     """
 
-    def __init__(self, model: Any, calls: list):
+    def __init__(self, model: Any, calls: list, nested: bool = False):
         super().__init__(model)
         self.calls = calls
+        self.nested = nested
+        self.stack: list[str] = []
+        self.seen_paths: dict[str, int] = {}
+
+    def _layers(self) -> list:
+        top = list(getattr(self.model, "layers", []) or [])
+        if not self.nested:
+            return top
+        found, seen, stack = [], set(), list(top)
+        while stack:
+            layer = stack.pop()
+            if id(layer) in seen:
+                continue
+            seen.add(id(layer))
+            found.append(layer)
+            stack.extend(_compat.sublayers(layer))
+        return found
 
     def __enter__(self):
-        for layer in getattr(self.model, "layers", []) or []:
+        for layer in self._layers():
             if "call" in vars(layer) and not getattr(vars(layer)["call"], _SUBSTITUTE_MARK, False):
                 continue
             original = layer.call
 
             def wrapped(*args, __original=original, __name=layer.name, **kwargs):
                 start = _compat.current_graph_op_count()
+                name = __name
+                if self.nested:
+                    path = "/".join([*self.stack, __name])
+                    count = self.seen_paths.get(path, 0) + 1
+                    self.seen_paths[path] = count
+                    name = path if count == 1 else f"{path}#{count}"
+                    self.stack.append(name.rsplit("/", 1)[-1])
                 try:
                     return __original(*args, **kwargs)
                 finally:
-                    self.calls.append((__name, start, _compat.current_graph_op_count()))
+                    if self.nested:
+                        self.stack.pop()
+                    self.calls.append((name, start, _compat.current_graph_op_count()))
 
             self._set_call(layer, wrapped)
         return self
