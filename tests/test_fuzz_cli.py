@@ -816,3 +816,43 @@ def test_the_cli_leaves_the_callers_sigterm_handler_as_it_was(capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert main(["strategies"]) == 0
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(value=json_value, field=st.sampled_from(["result", "strategy", "budget_bytes", "feasible", "compute_cost",
+                                                "peak_memory_bytes", "lower_bound", "optimal", "solve_seconds",
+                                                "status", "solver", "min_feasible_budget_bytes"]))
+def test_fuzzed_cache_entries_are_misses_or_valid_rows(capsys, value, field):
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        g = tmp / "g.json"
+        save_graph(unet_like(), g)
+        args = ("sweep", g, "--out", tmp / "sw", "--strategies", "chen_sqrtn,chen_greedy", "--budgets", "2",
+                "--executor", "serial", "--cache-dir", tmp / "cache")
+        assert run_main(capsys, *args)[0] == 0
+        good = _without_seconds((tmp / "sw" / "sweep.csv").read_text())
+        for path in _sweep_cache_files(tmp / "cache"):
+            doc = json.loads(path.read_text())
+            if field == "result":
+                doc["result"] = value
+            else:
+                doc["result"][field] = value
+            path.write_text(json.dumps(doc))
+        code, _, err = run_main(capsys, *args)
+        assert code == 0, err
+        assert "Traceback" not in err and "internal error" not in err
+        text = (tmp / "sw" / "sweep.csv").read_text()
+        if field in ("result", "strategy", "budget_bytes", "feasible"):
+            # no other value of these is a row of this point: always a miss, solved again
+            assert _without_seconds(text) == good
+        # whatever was read, the CSV holds only well-formed rows of the sweep's own grid
+        from checkmate.analysis.sweep import read_sweep_csv
+
+        rows = read_sweep_csv(tmp / "sw" / "sweep.csv")
+        assert sorted((r.strategy, r.budget_bytes) for r in rows) == sorted(
+            (r["strategy"], int(r["budget_bytes"])) for r in good)
+        for r in rows:
+            assert r.feasible in (True, False)
+            for number in (r.compute_cost, r.lower_bound, r.peak_memory_bytes):
+                assert number is None or (math.isfinite(number) and number >= 0)
