@@ -650,6 +650,13 @@ def test_a_cache_write_failure_is_not_raised_by_the_api(tmp_path):
     assert cache.put({"k": 2}, {"v": 1}) is False and cache.write_failures == 1
     assert cache.get({"k": 1}, valid=lambda r: r["v"] > 2) is None  # refused by the caller's check
     assert cache.get({"k": 1}, valid=lambda r: r["missing"]) is None  # a check that raises: a miss
+    for malformed in ([], {}, "x", 3, None):  # whatever the caller's check, never a result
+        cache.put({"k": 3}, {"v": 1})
+        entry = cache._path(json.dumps({"k": 3}, sort_keys=True, separators=(",", ":")))
+        doc = json.loads(entry.read_text())
+        entry.write_text(json.dumps({**doc, "result": malformed}))
+        assert cache.get({"k": 3}) is None
+        assert cache.get_or_compute({"k": 3}, lambda: {"v": 2}) == {"v": 2}
 
 
 # ------------------------------------------------------------------------------------ strategies
