@@ -673,6 +673,8 @@ def test_auto_solves_a_graph_of_backward_nodes_only(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------ API argument types
 def test_api_argument_types_raise_checkmate_errors(tmp_path):
+    from checkmate.analysis.sweep import sweep
+
     g = unet_like()
     bad_calls = [
         lambda: checkmate.load_graph(None),
@@ -690,6 +692,13 @@ def test_api_argument_types_raise_checkmate_errors(tmp_path):
         lambda: checkmate.solve(g, 1.5),
         lambda: checkmate.solve(g, "1.5"),
         lambda: checkmate.solve(g, "7.5B"),
+        lambda: checkmate.save_graph(g, None),
+        lambda: checkmate.save_schedule(checkmate.solve(g, "90%", strategy="chen_sqrtn").schedule, 5),
+        lambda: sweep("graph.json", ["chen_sqrtn"], executor="serial"),
+        lambda: sweep(g, "chen_sqrtn", executor="serial"),
+        lambda: sweep(g, ["chen_sqrtn"], budgets="3", executor="serial"),
+        lambda: sweep(g, ["chen_sqrtn"], budgets=2.5, executor="serial"),
+        lambda: sweep(g, ["chen_sqrtn"], workers="2"),
     ]
     for call in bad_calls:
         with pytest.raises(CheckmateError):
