@@ -872,3 +872,19 @@ def test_fuzzed_cache_entries_are_misses_or_valid_rows(capsys, value, field):
             assert r.feasible in (True, False)
             for number in (r.compute_cost, r.lower_bound, r.peak_memory_bytes):
                 assert number is None or (math.isfinite(number) and number >= 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes through /proc")
+def test_sigkill_to_a_racing_milp_solve_orphans_nothing(tmp_path):
+    path = tmp_path / "g.json"
+    save_graph(resnet(40), path)
+    proc = subprocess.Popen([*_cli_command(), "solve", str(path), "--budget", "40%", "--strategy", "checkmate_milp",
+                             "--time-limit", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), start_new_session=True)
+    sid = proc.pid
+    procs = _wait_for_children(sid, 2, 60)  # the solve and its CP-SAT child
+    assert len(procs) >= 2 and proc.poll() is None, procs
+    proc.kill()
+    proc.wait(timeout=10)
+    time.sleep(2.0)
+    assert _session_processes(sid) == [], (procs, _session_processes(sid))
