@@ -17,18 +17,13 @@ from typing import Iterator
 
 from checkmate.errors import TimeLimitError
 
-__all__ = ["deadline_scope", "check_deadline", "deadline_after", "time_left", "no_deadline"]
+__all__ = ["deadline_scope", "check_deadline", "no_deadline"]
 
 # The deadline (a time.perf_counter() value) of the strategy running in this thread, if any. The
 # classic strategies have no solver to hand a time limit to; their long loops (schedule searches, the
 # simulator's walk over stages) call check_deadline() instead, so a limit holds at any graph size.
 _DEADLINE: contextvars.ContextVar[tuple[float, str] | None] = contextvars.ContextVar("checkmate_deadline",
                                                                                      default=None)
-
-
-def deadline_after(time_limit_s: float | None) -> float | None:
-    """The perf_counter value ``time_limit_s`` from now (None: no deadline)."""
-    return None if time_limit_s is None else time.perf_counter() + float(time_limit_s)
 
 
 @contextlib.contextmanager
@@ -63,8 +58,3 @@ def no_deadline() -> Iterator[None]:
     finally:
         _DEADLINE.reset(token)
 
-
-def time_left() -> float | None:
-    """Seconds until the current deadline (None: no deadline)."""
-    current = _DEADLINE.get()
-    return None if current is None else current[0] - time.perf_counter()

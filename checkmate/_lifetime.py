@@ -67,7 +67,7 @@ _prctl = None
 
 
 def _load_prctl():
-    """libc's ``prctl``, looked up once (in the parent: a forked child should call, not load)."""
+    """libc's ``prctl``, looked up once."""
     global _prctl
     if _prctl is None and sys.platform.startswith("linux"):
         try:
@@ -125,15 +125,3 @@ def die_with_parent(owner_pid: int | None = None, on_owner_exit=None) -> None:
         os._exit(1)
 
     watch_process(owner, end)
-
-
-def parent_death_preexec() -> None:
-    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child is killed when the thread that
-    started it ends (Linux ties the parent-death signal to the creating thread, so use it only from a
-    thread that lives as long as the child's owner, such as the main thread)."""
-    with contextlib.suppress(Exception):
-        _set_parent_death_signal(signal.SIGKILL)
-
-
-# looked up at import, in the process that will fork: the preexec function then only calls it
-_load_prctl()

@@ -88,6 +88,8 @@ def output_target(path: str | os.PathLike) -> Path:
     Creates missing parent directories. Raises :class:`OutputPathError` for a target that is not a
     regular file, is read-only, or lies under something that is not a directory.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OutputPathError(f"an output path must be a str or path, got {type(path).__name__}")
     given = Path(path)
     if str(path) == "" or given.name in ("", ".", ".."):
         raise OutputPathError(f"cannot write {str(path)!r}: not a file name")

@@ -650,6 +650,13 @@ def test_a_cache_write_failure_is_not_raised_by_the_api(tmp_path):
     assert cache.put({"k": 2}, {"v": 1}) is False and cache.write_failures == 1
     assert cache.get({"k": 1}, valid=lambda r: r["v"] > 2) is None  # refused by the caller's check
     assert cache.get({"k": 1}, valid=lambda r: r["missing"]) is None  # a check that raises: a miss
+    for malformed in ([], {}, "x", 3, None):  # whatever the caller's check, never a result
+        cache.put({"k": 3}, {"v": 1})
+        entry = cache._path(json.dumps({"k": 3}, sort_keys=True, separators=(",", ":")))
+        doc = json.loads(entry.read_text())
+        entry.write_text(json.dumps({**doc, "result": malformed}))
+        assert cache.get({"k": 3}) is None
+        assert cache.get_or_compute({"k": 3}, lambda: {"v": 2}) == {"v": 2}
 
 
 # ------------------------------------------------------------------------------------ strategies
@@ -666,6 +673,8 @@ def test_auto_solves_a_graph_of_backward_nodes_only(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------ API argument types
 def test_api_argument_types_raise_checkmate_errors(tmp_path):
+    from checkmate.analysis.sweep import sweep
+
     g = unet_like()
     bad_calls = [
         lambda: checkmate.load_graph(None),
@@ -683,6 +692,13 @@ def test_api_argument_types_raise_checkmate_errors(tmp_path):
         lambda: checkmate.solve(g, 1.5),
         lambda: checkmate.solve(g, "1.5"),
         lambda: checkmate.solve(g, "7.5B"),
+        lambda: checkmate.save_graph(g, None),
+        lambda: checkmate.save_schedule(checkmate.solve(g, "90%", strategy="chen_sqrtn").schedule, 5),
+        lambda: sweep("graph.json", ["chen_sqrtn"], executor="serial"),
+        lambda: sweep(g, "chen_sqrtn", executor="serial"),
+        lambda: sweep(g, ["chen_sqrtn"], budgets="3", executor="serial"),
+        lambda: sweep(g, ["chen_sqrtn"], budgets=2.5, executor="serial"),
+        lambda: sweep(g, ["chen_sqrtn"], workers="2"),
     ]
     for call in bad_calls:
         with pytest.raises(CheckmateError):
@@ -816,3 +832,59 @@ def test_the_cli_leaves_the_callers_sigterm_handler_as_it_was(capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert main(["strategies"]) == 0
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(value=json_value, field=st.sampled_from(["result", "strategy", "budget_bytes", "feasible", "compute_cost",
+                                                "peak_memory_bytes", "lower_bound", "optimal", "solve_seconds",
+                                                "status", "solver", "min_feasible_budget_bytes"]))
+def test_fuzzed_cache_entries_are_misses_or_valid_rows(capsys, value, field):
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        g = tmp / "g.json"
+        save_graph(unet_like(), g)
+        args = ("sweep", g, "--out", tmp / "sw", "--strategies", "chen_sqrtn,chen_greedy", "--budgets", "2",
+                "--executor", "serial", "--cache-dir", tmp / "cache")
+        assert run_main(capsys, *args)[0] == 0
+        good = _without_seconds((tmp / "sw" / "sweep.csv").read_text())
+        for path in _sweep_cache_files(tmp / "cache"):
+            doc = json.loads(path.read_text())
+            if field == "result":
+                doc["result"] = value
+            else:
+                doc["result"][field] = value
+            path.write_text(json.dumps(doc))
+        code, _, err = run_main(capsys, *args)
+        assert code == 0, err
+        assert "Traceback" not in err and "internal error" not in err
+        text = (tmp / "sw" / "sweep.csv").read_text()
+        if field in ("result", "strategy", "budget_bytes", "feasible"):
+            # no other value of these is a row of this point: always a miss, solved again
+            assert _without_seconds(text) == good
+        # whatever was read, the CSV holds only well-formed rows of the sweep's own grid
+        from checkmate.analysis.sweep import read_sweep_csv
+
+        rows = read_sweep_csv(tmp / "sw" / "sweep.csv")
+        assert sorted((r.strategy, r.budget_bytes) for r in rows) == sorted(
+            (r["strategy"], int(r["budget_bytes"])) for r in good)
+        for r in rows:
+            assert r.feasible in (True, False)
+            for number in (r.compute_cost, r.lower_bound, r.peak_memory_bytes):
+                assert number is None or (math.isfinite(number) and number >= 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="counts processes through /proc")
+def test_sigkill_to_a_racing_milp_solve_orphans_nothing(tmp_path):
+    path = tmp_path / "g.json"
+    save_graph(resnet(40), path)
+    proc = subprocess.Popen([*_cli_command(), "solve", str(path), "--budget", "40%", "--strategy", "checkmate_milp",
+                             "--time-limit", "120"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=_env(), start_new_session=True)
+    sid = proc.pid
+    procs = _wait_for_children(sid, 2, 60)  # the solve and its CP-SAT child
+    assert len(procs) >= 2 and proc.poll() is None, procs
+    proc.kill()
+    proc.wait(timeout=10)
+    time.sleep(2.0)
+    assert _session_processes(sid) == [], (procs, _session_processes(sid))

@@ -83,7 +83,7 @@ class PointCache:
         if not isinstance(stored, dict) or stored.get("version") != _FORMAT_VERSION or stored.get("key") != text:
             return None
         result = stored.get("result")
-        if not isinstance(result, dict):
+        if not isinstance(result, dict) or not result:  # every result names at least one field
             return None
         if valid is not None:
             try:

@@ -23,6 +23,7 @@ import hashlib
 import json
 import logging
 import math
+import numbers
 import os
 import time
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
 from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, OutputPathError, SolverError
 from checkmate.graph import Graph, graph_from_dict
 from checkmate.io import StagedOutputs
+from checkmate.simulate import check_graph
 from checkmate.solvers import solve
 from checkmate.solvers.minimum_budget import sweep_frontier_budget
 from checkmate.solvers.registry import STRATEGIES, get_strategy
@@ -249,6 +251,7 @@ def _sweep(graph: Graph, strategies: Sequence[str] | None, *, budgets: int | Seq
            cache_dir: str | os.PathLike | None) -> SweepResult:
     if executor not in EXECUTORS:
         raise InvalidArgumentError(f"unknown executor {executor!r}; choose one of: {', '.join(EXECUTORS)}")
+    budgets = _check_sweep_arguments(graph, strategies, budgets, workers)
     names = _check_strategies(strategies if strategies is not None else default_strategies())
     start = time.perf_counter()
     payload = graph.to_dict()
@@ -300,6 +303,25 @@ def _sweep(graph: Graph, strategies: Sequence[str] | None, *, budgets: int | Seq
                        time.perf_counter() - start,
                        {"executor": executor, "solver": solver, "time_limit_s": time_limit_s, "mip_gap": mip_gap,
                         "cached_solves": cache.hits, "solves": cache.misses})
+
+
+def _check_sweep_arguments(graph: Any, strategies: Any, budgets: Any, workers: Any) -> int | list[int]:
+    """Wrong argument types, refused as checkmate errors before any work; returns ``budgets`` (a list
+    when it is a sequence, so that an iterator is read once)."""
+    check_graph(graph)
+    if strategies is not None and (isinstance(strategies, str) or not all(isinstance(s, str) for s in strategies)):
+        raise InvalidArgumentError(f"strategies must be a list of strategy names, got {strategies!r}"[:200])
+    integral = lambda v: isinstance(v, numbers.Integral) and not isinstance(v, bool)  # noqa: E731
+    if workers is not None and (not integral(workers) or workers < 1):
+        raise InvalidArgumentError(f"workers must be a positive integer or None, got {workers!r}")
+    if integral(budgets):
+        return int(budgets)
+    if not isinstance(budgets, (str, bytes)) and isinstance(budgets, Iterable):
+        listed = list(budgets)
+        if all(map(integral, listed)):
+            return [int(b) for b in listed]
+    raise InvalidArgumentError(f"budgets must be a number of grid points or a list of byte counts, got "
+                               f"{budgets!r}"[:200])
 
 
 class SweepInterrupted(KeyboardInterrupt):

@@ -63,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     report["batch_size"] = args.batch_size
     report["allocator_note"] = allocator_note(report["device"])
     if args.json:
-        print(json.dumps(report))
+        from checkmate.solvers.types import json_native
+
+        # measurements come from numpy and TensorFlow: plain values, serialized whole before printing
+        print(json.dumps(json_native(report), allow_nan=False))
         return exit_code(report["rows"])
     plain = report["plain"]
     print(f"{args.model} (batch {args.batch_size}, {report['level']} level, {report['nodes']} nodes) on "

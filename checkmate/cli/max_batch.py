@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
                            cache=cache)
     fits = any(r.max_batch_size > 0 for r in results)
     if args.json:
-        print(json.dumps([r.to_json_dict() for r in results]))
+        print(json.dumps([r.to_json_dict() for r in results], allow_nan=False))
         return EXIT_OK if fits else _nothing_fits(memory_bytes, results)
     print(f"model {args.model}: memory limit {format_bytes(memory_bytes)}; at most one extra forward pass")
     base = next((r.max_batch_size for r in results if r.strategy == "checkpoint_all"), None)

@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from checkmate._lifetime import die_with_parent, parent_death_preexec
+from checkmate._lifetime import die_with_parent
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -338,12 +338,12 @@ class CpSatChild:
         # the child imports this package from where the caller imported it
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        # Killed with its caller even by SIGKILL: the kernel's parent-death signal, tied to the thread
-        # that starts the child, is armed only from the main thread; the child also watches its parent.
-        on_main = threading.current_thread() is threading.main_thread()
-        self._proc = subprocess.Popen([sys.executable, "-m", "checkmate.solvers.cp_schedule"],
+        # The child ends with its caller even when the caller is killed outright: _CHILD_START arms
+        # the parent-death signal before the child's imports (a second or more), and _child_main
+        # watches the parent too.
+        self._proc = subprocess.Popen([sys.executable, "-c", _CHILD_START, str(os.getpid())],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      env=env, preexec_fn=parent_death_preexec if on_main else None)
+                                      env=env)
         self._result: CpSatOutcome | None = None
         self._done = False
         self._send(("graph", graph, int(budget_bytes)))
@@ -407,6 +407,24 @@ class CpSatChild:
 
     def __exit__(self, *exc_info) -> None:
         self.close()
+
+
+# The child's first lines, run before anything is imported: on Linux the kernel kills it (SIGKILL) as
+# soon as its parent ends; if the parent ended before that was armed, it ends at once. Then the module
+# runs as ``python -m checkmate.solvers.cp_schedule`` would run it.
+_CHILD_START = """
+import os, sys
+if sys.platform.startswith("linux"):
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+if os.getppid() != int(sys.argv[1]):
+    os._exit(1)
+import runpy
+runpy.run_module("checkmate.solvers.cp_schedule", run_name="__main__", alter_sys=True)
+"""
 
 
 def _exit_when_input_closes(stdin) -> None:

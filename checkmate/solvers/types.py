@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from checkmate._deadline import check_deadline, deadline_after, deadline_scope
+from checkmate._deadline import check_deadline, deadline_scope, no_deadline
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["DEFAULT_TIME_LIMIT_S", "MilpOptions", "SolveOptions", "StrategyOutput", "StrategyKind", "StrategySpec",
            "option_names", "PROVEN_MIP_GAP", "relative_gap", "is_proven_optimal", "within_words",
-           "json_native", "native_float", "native_int", "deadline_scope", "check_deadline", "deadline_after"]
+           "json_native", "native_float", "native_int", "deadline_scope", "check_deadline", "no_deadline"]
 
 # The relative gap at which a MILP counts as solved and ``optimal`` is claimed: the default of HiGHS,
 # Gurobi and SCIP, i.e. proven at the solver's own tolerance. (With integral costs an absolute gap
