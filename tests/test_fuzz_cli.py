@@ -615,7 +615,7 @@ def test_csv_rows_from_a_cache_are_the_solved_ones(tmp_path, capsys):
 @pytest.mark.parametrize("blocker", ["directory", "loop"])
 def test_an_unwritable_cache_entry_is_a_warning_and_the_sweep_is_written(tmp_path, capsys, blocker):
     from checkmate.analysis.point_cache import PointCache
-    from checkmate.analysis.sweep import _Task, graph_digest, sweep_point_key
+    from checkmate.analysis.sweep import _Task, payload_digest, sweep_point_key
 
     g = unet_like()
     path = tmp_path / "g.json"
@@ -624,7 +624,7 @@ def test_an_unwritable_cache_entry_is_a_warning_and_the_sweep_is_written(tmp_pat
     cache = PointCache(cache_dir)
     # the entry of the chen_sqrtn probe (budget-unaware: solved once, at a budget nothing exceeds)
     probe_budget = max(checkmate.solvers.checkpoint_all_peak(g), checkmate.bounds.largest_working_set_bytes(g)) * 1024
-    key = sweep_point_key(graph_digest(g.to_dict()), _Task("chen_sqrtn", probe_budget, None, None, None, None))
+    key = sweep_point_key(payload_digest(g.to_dict()), _Task("chen_sqrtn", probe_budget, None, None, None, None))
     entry = cache._path(json.dumps(key, sort_keys=True, separators=(",", ":"), default=str))
     cache_dir.mkdir()
     if blocker == "directory":
