@@ -37,7 +37,7 @@ from checkmate.tf2.plan_cache import PLAN_FIELD, read_plan
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "BATCH_STATISTICS_LAYERS",
+__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "FIRST_PLAN_TIME_LIMIT_S", "BATCH_STATISTICS_LAYERS",
            "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
@@ -45,6 +45,12 @@ _log = logging.getLogger("checkmate.tf2")
 # compiled size, "compile" a schedule for its size, or "auto": compile when the model has a layer
 # whose training forward pass mixes the rows of a batch, pad otherwise.
 PARTIAL_BATCHES = ("auto", "pad", "compile")
+# The solver's time limit for RematModel's steps (compile_options["time_limit_s"] overrides it): the
+# first batch waits for the solve, and checkmate.tf2.compile's default limit (ten minutes) buys little
+# more. strategy="auto" at 50% with this limit (2-core machine, shared; layer level, gradient nodes):
+# a 146-node ViT 1.0903x in 20 s (the full solve: 1.0901x after 600 s; 10 s: 1.2334x); a 432-node ViT
+# 1.0710x in 12 s (the full solve: the same in 16 s); an 848-node ViT 1.0764x in 18 s (1.0664x in 53 s).
+FIRST_PLAN_TIME_LIMIT_S = 20.0
 # Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
 # would change the real rows' outputs and the layer's moving statistics.
 BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
@@ -144,10 +150,11 @@ def _spec(t: Any, batch: int) -> tf.TensorSpec:
 class RematModel(keras.Model):
     """A ``keras.Model`` that trains ``model`` with a rematerializing step.
 
-    ``RematModel(model, budget=..., strategy=..., **options)``: ``compile`` takes an optimizer, a loss
-    (any ``keras.Model.compile`` loss) and metrics as in Keras, and the first training batch compiles
-    the step (:func:`checkmate.tf2.compile` with ``budget``, ``strategy`` and ``options``) for that
-    batch size. It shares the model's layers and variables: ``fit`` trains the original model.
+    ``RematModel(model, budget=..., strategy=..., compile_options=...)``: ``compile`` takes an optimizer,
+    a loss (any ``keras.Model.compile`` loss) and metrics as in Keras, and the first training batch
+    compiles the step (:func:`checkmate.tf2.compile` with ``budget``, ``strategy`` and
+    ``compile_options``) for that batch size, solving within :data:`FIRST_PLAN_TIME_LIMIT_S` unless
+    ``compile_options`` gives a ``time_limit_s``. It shares the model's layers and variables: ``fit`` trains the original model.
     Inference (``predict``, ``__call__``, ``evaluate``, ``export``) runs the model unchanged.
 
     - Sample weights and ``class_weight`` are honoured (an input of the compiled step).
@@ -304,6 +311,7 @@ class RematModel(keras.Model):
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), tf.TensorSpec((batch,), tf.float32))
         options = dict(self.compile_options)
+        options.setdefault("time_limit_s", FIRST_PLAN_TIME_LIMIT_S)
         # training metrics are computed as Keras does, from the training forward pass's predictions
         options.setdefault("predictions", _compat.has_compiled_metrics(self))
         if self._plan_doc is not None and self._main_batch is None:

@@ -106,6 +106,8 @@ def test_an_unproven_entry_is_not_reused_for_a_longer_time_limit(tmp_path):
     assert cache.get(key, graph, budget, time_limit_s=5.0) is not None
     assert cache.get(key, graph, budget, time_limit_s=2.0) is not None
     assert cache.get(key, graph, budget, time_limit_s=60.0) is None
+    # no limit asked is the solver's default limit: a longer solve than this one
+    assert cache.get(key, graph, budget, time_limit_s=None) is None
 
 
 def test_the_cache_can_be_turned_off_and_lives_beside_the_profile_cache(tmp_path, monkeypatch):
