@@ -23,6 +23,9 @@ import contextlib
 import logging
 import math
 import os
+import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -51,6 +54,8 @@ PARTIAL_BATCHES = ("auto", "pad", "compile")
 # a 146-node ViT 1.0903x in 20 s (the full solve: 1.0901x after 600 s; 10 s: 1.2334x); a 432-node ViT
 # 1.0710x in 12 s (the full solve: the same in 16 s); an 848-node ViT 1.0764x in 18 s (1.0664x in 53 s).
 FIRST_PLAN_TIME_LIMIT_S = 20.0
+# Where the status line cannot be rewritten in place (a log file), a new line at most this often.
+STATUS_LOG_EVERY_S = 10.0
 # Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
 # would change the real rows' outputs and the layer's moving statistics.
 BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
@@ -118,6 +123,112 @@ def weighted_loss(loss: Any, model: Any):
         return combined(y, pred)
 
     return step_loss
+
+
+class CompileStatus(logging.Handler):
+    """One status line while ``fit`` compiles a step: what checkmate is doing (lowering, profiling,
+    solving: its latest ``checkmate`` log message, which carries the best overhead and the bound as
+    the solvers find them) and the time so far.
+
+    It is written where Keras writes its progress bar (``sys.stdout``, which a notebook shows), and
+    rewritten in place where Keras' bar is (a terminal or a notebook); elsewhere (a log file) a line
+    is added when the message changes, at most every :data:`STATUS_LOG_EVERY_S`. The solvers' own
+    logs are not shown (``compile_options={"verbose": 3}`` shows them).
+    """
+
+    REFRESH_S = 0.5
+
+    def __init__(self, what: str, enabled: bool = True, stream: Any = None):
+        super().__init__(level=logging.INFO)
+        self.what = what
+        self.enabled = enabled
+        self.stream = stream
+        self.message = "starting"
+        self._start = time.perf_counter()
+        self._width = 0
+        self._last_written = -math.inf
+        self._written_message = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        self._level = None
+
+    @staticmethod
+    def dynamic(stream: Any) -> bool:
+        """Whether a line can be rewritten in place on ``stream`` (as Keras' progress bar decides)."""
+        try:
+            tty = bool(stream.isatty())
+        except (AttributeError, ValueError):
+            tty = False
+        return tty or "ipykernel" in sys.modules
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = " ".join(record.getMessage().split())
+        except Exception:  # noqa: BLE001 - a malformed record must not stop training
+            return
+        with self._lock:
+            self.message = message
+        self._draw()
+
+    def _line(self) -> str:
+        return f"checkmate: {self.what} | {time.perf_counter() - self._start:.0f} s | {self.message}"
+
+    def _draw(self, final: str | None = None) -> None:
+        with self._lock:
+            stream = self.stream or sys.stdout
+            line = final if final is not None else self._line()
+            if self.dynamic(stream):
+                # rewrite the line in place, blanking what a longer previous one left
+                pad = max(self._width - len(line), 0)
+                stream.write("\r" + line + " " * pad + ("\n" if final is not None else ""))
+                self._width = 0 if final is not None else len(line)
+            else:
+                now = time.perf_counter()
+                if final is None and (self.message == self._written_message
+                                      or now - self._last_written < STATUS_LOG_EVERY_S):
+                    return
+                self._last_written, self._written_message = now, self.message
+                stream.write(line + "\n")
+            stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.REFRESH_S):
+            if self.dynamic(self.stream or sys.stdout):
+                self._draw()
+
+    def __enter__(self) -> "CompileStatus":
+        if not self.enabled:
+            return self
+        logger = logging.getLogger("checkmate")
+        self._level = logger.level
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+        self._draw()
+        self._thread = threading.Thread(target=self._tick, daemon=True, name="checkmate-status")
+        self._thread.start()
+        return self
+
+    def done(self, text: str) -> None:
+        """End the line with ``text`` (what was compiled, and how well)."""
+        if self.enabled:
+            self._stop.set()
+            self._draw(final=f"checkmate: {text} ({time.perf_counter() - self._start:.0f} s)")
+            self.enabled = False
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._level is not None:
+            logger = logging.getLogger("checkmate")
+            logger.removeHandler(self)
+            logger.setLevel(self._level)
+            self._level = None
+        if self.enabled:
+            # failed: leave the line as it stood, ended, so that the error prints below it
+            self._draw(final=self._line())
 
 
 def _batch_size(x: Any) -> int | None:
@@ -225,6 +336,7 @@ class RematModel(keras.Model):
         self._plan_doc = None if plan is None else read_plan(plan)
         self._steps: dict = {}
         self._main_batch: int | None = None
+        self._show_status = False      # fit() with verbose != 0 shows a status line while compiling
         if getattr(model, "built", False):
             # shares the built model's variables: save_weights and summary need no call first
             self.built = True
@@ -326,10 +438,16 @@ class RematModel(keras.Model):
         strategy = self._replicated_strategy()
         _log.info("compiling the rematerialized step of %s for batches of %d%s", self.inner.name, batch,
                   f" per replica ({strategy.num_replicas_in_sync} replicas)" if strategy is not None else "")
+        status = CompileStatus(f"planning {self.inner.name} for batches of {batch}", enabled=self._show_status)
+        if status.enabled:
+            options.setdefault("progress", False)     # the solvers' own line would compete with this one
         # the lowering traces one replica's step under the model's strategy (see distribution_strategy)
-        with strategy.scope() if strategy is not None else contextlib.nullcontext():
-            return compile_step(self.inner, weighted_loss(self.loss, self.inner), self.optimizer,
+        with status, strategy.scope() if strategy is not None else contextlib.nullcontext():
+            step = compile_step(self.inner, weighted_loss(self.loss, self.inner), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
+            status.done(f"{self.inner.name} planned for batches of {batch}: overhead {step.predicted.overhead:.3f}x, "
+                        f"{step.strategy}" + (", optimal" if step.result.optimal else ""))
+        return step
 
     def _replicated_strategy(self) -> Any:
         """The model's ``tf.distribute`` strategy when it is one the step runs under (else ``None``)."""
@@ -431,6 +549,15 @@ class RematModel(keras.Model):
         if pred is not None and static != batch:
             pred = tf.nest.map_structure(lambda t: t[:rows], pred)     # the padded rows' predictions dropped
         return loss, rows, pred
+
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", **kwargs):
+        """``keras.Model.fit``; with ``verbose`` other than 0 (Keras' default is 1), compiling a step
+        shows one status line (:class:`CompileStatus`)."""
+        self._show_status = verbose != 0
+        try:
+            return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, **kwargs)
+        finally:
+            self._show_status = False
 
     def make_train_function(self, force: bool = False):
         """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,

@@ -471,13 +471,15 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         turns that off.
     verbose:
         Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
-        stderr while compiling (:mod:`checkmate.logs`); silent by default.
+        stderr while compiling (:mod:`checkmate.logs`); silent by default. ``2`` adds checkmate's
+        debug messages, ``3`` the solver backends' own logs.
 
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
     before any step runs when nothing fits.
     """
-    if verbose:
-        solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
+    if verbose and int(verbose) >= 3:
+        # the solver backends' own logs (HiGHS prints ~100 lines a solve): a level of their own
+        solve_options.setdefault("verbose", True)
     with verbose_logging(verbose):
         lowered = lower(model, loss, input_spec, label_spec, level=level, gradient_nodes=gradient_nodes,
                         cost_model=cost_model, optimizer=optimizer, predictions=predictions,
