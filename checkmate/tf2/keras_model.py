@@ -40,7 +40,7 @@ from checkmate.tf2.plan_cache import PLAN_FIELD, read_plan
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "FIRST_PLAN_TIME_LIMIT_S", "BATCH_STATISTICS_LAYERS",
+__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "check_budget_form", "PARTIAL_BATCHES", "FIRST_PLAN_TIME_LIMIT_S", "BATCH_STATISTICS_LAYERS",
            "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
@@ -59,6 +59,22 @@ STATUS_LOG_EVERY_S = 10.0
 # Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
 # would change the real rows' outputs and the layer's moving statistics.
 BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
+
+
+def check_budget_form(budget: Any) -> None:
+    """Refuse a budget that no step could resolve (``"60 percent"``, ``"-5%"``, ``0``) when it is given,
+    rather than at the first batch: ``"auto"``, or what :func:`checkmate.budgets.parse_budget` reads,
+    checked against a stand-in graph (a percentage is resolved against the step's graph later)."""
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        return
+    from checkmate.budgets import parse_budget
+    from checkmate.graph import GraphBuilder
+
+    # a graph whose checkpoint-all peak is large enough that any positive percentage is a byte or more
+    builder = GraphBuilder("budget-check")
+    first = builder.add_node("f", 1.0, 1 << 40)
+    builder.add_node("g", 1.0, 1 << 40, [first], backward=True, output=True)
+    parse_budget(budget, builder.build())
 
 
 def has_batch_statistics(model: Any) -> bool:
@@ -98,23 +114,52 @@ def _as_loss_object(fn: Any) -> Any:
     return _FunctionLoss(fn)
 
 
-def weighted_loss(loss: Any, model: Any):
-    """``loss`` as the step's loss of ``((y, sample_weight), pred)``: each output's loss weighs its
-    per-sample values and reduces them as Keras does (``sum(w * l) / size``)."""
-    weight: dict[str, Any] = {}
+def _loss_weight_lookup(loss_weights: Any, model: Any):
+    """``factor(index, output_name)`` for ``keras.Model.compile``'s ``loss_weights``: one number, a list
+    (one per output) or a dict by output name (outputs it does not name weigh 1)."""
+    names = list(getattr(model, "output_names", None) or [])
+    if loss_weights is None:
+        return lambda index, key: 1.0
+    if isinstance(loss_weights, dict):
+        unknown = sorted(set(loss_weights) - set(names)) if names else []
+        if unknown:
+            raise InvalidArgumentError(f"loss_weights names {unknown}, which are not outputs of the model "
+                                       f"(outputs: {names})")
+        return lambda index, key: float(loss_weights.get(key, 1.0))
+    if isinstance(loss_weights, (list, tuple)):
+        if names and len(loss_weights) != len(names):
+            raise InvalidArgumentError(f"{len(loss_weights)} loss_weights for a model with {len(names)} outputs {names}")
+        return lambda index, key: float(loss_weights[index])
+    try:
+        factor = float(loss_weights)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"loss_weights must be a number, a list or a dict, got {loss_weights!r}") from None
+    return lambda index, key: factor
 
-    def entry(fn):
+
+def weighted_loss(loss: Any, model: Any, loss_weights: Any = None):
+    """``loss`` as the step's loss of ``((y, sample_weight), pred)``: each output's loss weighs its
+    per-sample values and reduces them as Keras does (``sum(w * l) / size``), times its entry of
+    ``loss_weights`` (as ``keras.Model.compile`` takes them)."""
+    weight: dict[str, Any] = {}
+    names = list(getattr(model, "output_names", None) or [])
+    factor = _loss_weight_lookup(loss_weights, model)
+
+    def entry(fn, index, key):
         if fn is None:
             return None
         obj = _as_loss_object(fn)
-        return lambda y, pred: obj(y, pred, sample_weight=weight["w"])
+        scale = factor(index, key)
+        if scale == 1.0:
+            return lambda y, pred: obj(y, pred, sample_weight=weight["w"])
+        return lambda y, pred: scale * obj(y, pred, sample_weight=weight["w"])
 
     if isinstance(loss, dict):
-        wrapped: Any = {k: entry(v) for k, v in loss.items()}
+        wrapped: Any = {k: entry(v, names.index(k) if k in names else 0, k) for k, v in loss.items()}
     elif isinstance(loss, (list, tuple)):
-        wrapped = [entry(v) for v in loss]
+        wrapped = [entry(v, k, names[k] if k < len(names) else None) for k, v in enumerate(loss)]
     else:
-        wrapped = entry(loss)
+        wrapped = entry(loss, 0, names[0] if names else None)
     combined = _resolve_loss(wrapped, model)
 
     def step_loss(target, pred):
@@ -322,6 +367,7 @@ class RematModel(keras.Model):
         check_no_custom_train_step(model)
         if partial_batches not in PARTIAL_BATCHES:
             raise InvalidArgumentError(f"partial_batches={partial_batches!r}: expected one of {', '.join(PARTIAL_BATCHES)}")
+        check_budget_form(budget)
         distribution_strategy(model)
         kwargs.setdefault("name", f"{getattr(model, 'name', 'model')}_checkmate")
         super().__init__(**kwargs)
@@ -337,6 +383,7 @@ class RematModel(keras.Model):
         self._steps: dict = {}
         self._main_batch: int | None = None
         self._show_status = False      # fit() with verbose != 0 shows a status line while compiling
+        self._loss_weights = None      # compile()'s, as Keras takes them
         if getattr(model, "built", False):
             # shares the built model's variables: save_weights and summary need no call first
             self.built = True
@@ -362,6 +409,12 @@ class RematModel(keras.Model):
     def call(self, inputs, training=False):
         return self.inner(inputs, training=training)
 
+    @property
+    def output_names(self):
+        """The wrapped model's: ``compile`` names each output's loss and metrics after them, as Keras
+        does for that model (``kind_loss``, ``val_kind_loss``)."""
+        return getattr(self.inner, "output_names", None)
+
     def export(self, filepath, format="tf_saved_model", **kwargs):
         """Exports the wrapped model (inference is the model's own)."""
         return self.inner.export(filepath, format=format, **kwargs)
@@ -369,10 +422,9 @@ class RematModel(keras.Model):
     def compile(self, optimizer: Any = None, loss: Any = None, **kwargs: Any):
         # XLA would re-schedule the step and undo the plan's order.
         kwargs["jit_compile"] = False
-        if kwargs.get("loss_weights") is not None:
-            # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
-            raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
-                                       "losses themselves")
+        # checked now, with the model's outputs, rather than at the first batch
+        _loss_weight_lookup(kwargs.get("loss_weights"), self.inner)
+        self._loss_weights = kwargs.get("loss_weights")
         self._steps = {}
         self._main_batch = None
         return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss, **kwargs)
@@ -424,8 +476,9 @@ class RematModel(keras.Model):
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), tf.TensorSpec((batch,), tf.float32))
         options = dict(self.compile_options)
         options.setdefault("time_limit_s", FIRST_PLAN_TIME_LIMIT_S)
-        # training metrics are computed as Keras does, from the training forward pass's predictions
-        options.setdefault("predictions", _compat.has_compiled_metrics(self))
+        # training metrics and, for several outputs, each output's loss are computed as Keras does, from
+        # the training forward pass's predictions
+        options.setdefault("predictions", _compat.has_compiled_metrics(self) or self._several_outputs())
         if self._plan_doc is not None and self._main_batch is None:
             # the plan was made for a step with or without the predictions as an output: that step
             # (without them, training metrics come from an inference pass; see train_step)
@@ -443,11 +496,14 @@ class RematModel(keras.Model):
             options.setdefault("progress", False)     # the solvers' own line would compete with this one
         # the lowering traces one replica's step under the model's strategy (see distribution_strategy)
         with status, strategy.scope() if strategy is not None else contextlib.nullcontext():
-            step = compile_step(self.inner, weighted_loss(self.loss, self.inner), self.optimizer,
+            step = compile_step(self.inner, weighted_loss(self.loss, self.inner, self._loss_weights), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
             status.done(f"{self.inner.name} planned for batches of {batch}: overhead {step.predicted.overhead:.3f}x, "
                         f"{step.strategy}" + (", optimal" if step.result.optimal else ""))
         return step
+
+    def _several_outputs(self) -> bool:
+        return len(getattr(self.inner, "outputs", None) or []) > 1
 
     def _replicated_strategy(self) -> Any:
         """The model's ``tf.distribute`` strategy when it is one the step runs under (else ``None``)."""
@@ -509,6 +565,10 @@ class RematModel(keras.Model):
         # the step was compiled with predictions when metrics were compiled (compile() drops steps)
         loss, rows, pred = self._run_padded(x, y, sample_weight)
         _compat.keras_loss_tracker(self).update_state(_unscaled(loss), sample_weight=rows)
+        if pred is not None and self._several_outputs():
+            # each output's loss in the training logs, as Keras reports it ("<output>_loss"); the first
+            # call builds those means, as Keras' own train step does in its first trace
+            _compat.update_output_losses(self, y, pred, sample_weight)
         if not _compat.has_compiled_metrics(self):
             return self.get_metrics_result()
         if pred is None:
@@ -547,7 +607,10 @@ class RematModel(keras.Model):
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, step.input_specs)]
         loss, pred = _run_step(step, flat)
         if pred is not None and static != batch:
-            pred = tf.nest.map_structure(lambda t: t[:rows], pred)     # the padded rows' predictions dropped
+            # the padded rows' predictions dropped; a static row count keeps the static shape, by which
+            # Keras weighs each output's loss mean
+            keep = static if static is not None else rows
+            pred = tf.nest.map_structure(lambda t: t[:keep], pred)
         return loss, rows, pred
 
     def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", **kwargs):
