@@ -80,3 +80,25 @@ def test_budgets_are_checked_when_the_remat_model_is_built(budget):
 @pytest.mark.parametrize("budget", ["auto", "AUTO", "60%", "0.5%", "2GiB", "1.5GB", 10**9, "512 MiB"])
 def test_budget_forms_that_resolve_are_accepted(budget):
     assert checkmate.tf2.RematModel(two_heads(), budget=budget).budget == budget
+
+
+def test_the_stated_minimum_works_as_bytes_and_as_a_percentage():
+    """The infeasible message's minimum works in both forms, and as a percentage never exceeds 100%
+    for the default strategy (checkpoint-all always fits its own peak)."""
+    import re
+
+    from checkmate.errors import InfeasibleBudgetError
+
+    model = two_heads()
+    specs = (tf.TensorSpec((64, 24)), [tf.TensorSpec((64,), tf.int32), tf.TensorSpec((64, 1))])
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.tf2.compile(model, LOSSES, keras.optimizers.SGD(0.1), *specs, budget="5%", strategy="auto",
+                              time_limit_s=10)
+    message = str(info.value)
+    share = re.search(r"or ([0-9.]+%) of checkpoint-all's peak", message)
+    assert share, message
+    assert float(share.group(1)[:-1]) <= 100.0
+    for budget in (share.group(1), info.value.min_feasible_budget_bytes):
+        step = checkmate.tf2.compile(model, LOSSES, keras.optimizers.SGD(0.1), *specs, budget=budget,
+                                     strategy="auto", time_limit_s=10)
+        assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
