@@ -53,8 +53,11 @@ def main(argv=None) -> int:
     p.add_argument("--try", dest="tries", action="append", default=[], metavar="STRATEGY:SECONDS")
     p.add_argument("--no-full", action="store_true", help="skip the full default solve")
     p.add_argument("--verbose", action="store_true", help="log the lowering, solving and their times")
+    p.add_argument("--cache-dir", default=None,
+                   help="the checkmate cache directory (default: a fresh, empty one); give the same one to a "
+                        "second run to time a process that finds the schedule cached")
     args = p.parse_args(argv)
-    os.environ["CHECKMATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="checkmate-first-batch-")
+    os.environ["CHECKMATE_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="checkmate-first-batch-")
     import keras
     import numpy as np
 
