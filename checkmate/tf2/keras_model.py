@@ -565,16 +565,17 @@ class RematModel(keras.Model):
         # the step was compiled with predictions when metrics were compiled (compile() drops steps)
         loss, rows, pred = self._run_padded(x, y, sample_weight)
         _compat.keras_loss_tracker(self).update_state(_unscaled(loss), sample_weight=rows)
-        if pred is not None and self._several_outputs():
+        metrics = _compat.has_compiled_metrics(self)
+        if pred is None and (metrics or self._several_outputs()):
+            # a step planned without the predictions (a plan file's, or predictions=False): an
+            # inference-mode forward pass of the batch, after its update
+            pred = self.inner(x, training=False)
+        if self._several_outputs():
             # each output's loss in the training logs, as Keras reports it ("<output>_loss"); the first
             # call builds those means, as Keras' own train step does in its first trace
             _compat.update_output_losses(self, y, pred, sample_weight)
-        if not _compat.has_compiled_metrics(self):
+        if not metrics:
             return self.get_metrics_result()
-        if pred is None:
-            # a step from a plan made without the predictions: an inference-mode forward pass of the
-            # batch, after its update
-            pred = self.inner(x, training=False)
         return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
 
     def _run_padded(self, x, y, sample_weight):
@@ -613,12 +614,12 @@ class RematModel(keras.Model):
             pred = tf.nest.map_structure(lambda t: t[:keep], pred)
         return loss, rows, pred
 
-    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", **kwargs):
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", *args, **kwargs):
         """``keras.Model.fit``; with ``verbose`` other than 0 (Keras' default is 1), compiling a step
         shows one status line (:class:`CompileStatus`)."""
         self._show_status = verbose != 0
         try:
-            return super().fit(x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, **kwargs)
+            return super().fit(x, y, batch_size, epochs, verbose, *args, **kwargs)
         finally:
             self._show_status = False
 

@@ -122,6 +122,8 @@ def test_compile_a_keras_file_with_custom_objects_and_train_with_its_plan(workdi
     plain.compile(keras.optimizers.SGD(0.1), losses, jit_compile=False)
     want = plain.fit(x, y, batch_size=BATCH, epochs=1, verbose=0, shuffle=False).history
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-4)
+    # each output's loss as well (the plan's step has no predictions: from an inference pass)
+    assert set(got) == set(want) == {"loss", "tags_loss", "kind_loss"}
 
 
 def test_extract_a_keras_file_with_several_inputs_and_outputs(workdir, capsys):
