@@ -52,8 +52,12 @@ def main(argv=None) -> int:
     p.add_argument("--budget", default="50%")
     p.add_argument("--try", dest="tries", action="append", default=[], metavar="STRATEGY:SECONDS")
     p.add_argument("--no-full", action="store_true", help="skip the full default solve")
+    p.add_argument("--verbose", action="store_true", help="log the lowering, solving and their times")
+    p.add_argument("--cache-dir", default=None,
+                   help="the checkmate cache directory (default: a fresh, empty one); give the same one to a "
+                        "second run to time a process that finds the schedule cached")
     args = p.parse_args(argv)
-    os.environ["CHECKMATE_CACHE_DIR"] = tempfile.mkdtemp(prefix="checkmate-first-batch-")
+    os.environ["CHECKMATE_CACHE_DIR"] = args.cache_dir or tempfile.mkdtemp(prefix="checkmate-first-batch-")
     import keras
     import numpy as np
 
@@ -71,7 +75,8 @@ def main(argv=None) -> int:
             if batch == 0:
                 row.setdefault("first_batch_s", time.perf_counter() - started)
 
-    trainer = checkmate.tf2.RematModel(vit(args.blocks), budget=args.budget)
+    trainer = checkmate.tf2.RematModel(vit(args.blocks), budget=args.budget,
+                                       compile_options={"verbose": True} if args.verbose else None)
     trainer.compile(keras.optimizers.Adam(1e-3), loss)
     started = time.perf_counter()
     trainer.fit(x, y, batch_size=args.batch, epochs=1, verbose=0, callbacks=[FirstBatch()])
@@ -99,7 +104,7 @@ def main(argv=None) -> int:
                                  strategy=strategy, time_limit_s=limit, schedule_cache=False)
         print(json.dumps({"strategy": strategy, "time_limit_s": limit, "seconds": time.perf_counter() - started,
                           "overhead": solved.predicted.overhead, "status": solved.result.status,
-                          "optimal": solved.result.optimal}), flush=True)
+                          "optimal": bool(solved.result.optimal)}), flush=True)
     return 0
 
 

@@ -176,3 +176,29 @@ def test_auto_names_a_minimum_at_which_it_succeeds():
     assert minimum is not None
     result = solve(graph, minimum, strategy="auto")
     assert_valid_schedule(graph, result.schedule, minimum)
+
+
+def test_a_short_time_limit_builds_the_short_groups_first(monkeypatch):
+    """Menus are built for runs of one segment, then two, ...: when the time limit's menu share runs
+    out, the programme plans with the shorter runs (a valid schedule, the limit kept, and it says so)."""
+    import time
+
+    graph = synthetic.resnet(20)
+    budget = int(checkpoint_all_peak(graph) * 0.5)
+    full = hier.HierarchicalPlan()
+    hier.hierarchical_schedule(graph, budget, plan=full)
+    real = hier.group_menu
+    lengths = []
+
+    def slow(graph, group, *args, **kwargs):
+        time.sleep(0.05)      # every menu takes a while, so that the share runs out part way
+        lengths.append(group.nodes.size)
+        return real(graph, group, *args, **kwargs)
+
+    monkeypatch.setattr(hier, "group_menu", slow)
+    started = time.perf_counter()
+    result = solve(graph, budget, strategy="hierarchical", time_limit_s=0.6)
+    assert time.perf_counter() - started < 5.0
+    assert_valid_schedule(graph, result.schedule, budget)
+    assert "within the time limit" in result.status
+    assert 0 < len(lengths) < full.distinct_groups_solved

@@ -1,5 +1,7 @@
-"""``checkmate compile``: compile a zoo model for a budget with each strategy, run it, and report the
-predicted and measured peak memory, the step time and the gradients' difference from the plain step.
+"""``checkmate compile``: compile a zoo model or a saved ``.keras`` model for a budget with each
+strategy, run it, and report the predicted and measured peak memory, the step time and the gradients'
+difference from the plain step. ``--save-plan`` writes the best strategy's plan, which
+``RematModel(model, plan=path)`` and ``checkmate.tf2.compile(..., plan=path)`` train with, without solving.
 
 TensorFlow is imported when the command runs, not when this module is imported.
 """
@@ -12,6 +14,7 @@ import sys
 
 from checkmate.cli._common import (EXIT_INFEASIBLE, EXIT_OK, EXIT_SOLVER, add_mip_gap, command, positive_float,
                                    positive_int, shape, stdout_to_stderr)
+from checkmate.cli.user_model import CUSTOM_OBJECTS_HELP, is_model_file, load_custom_objects, load_keras_file
 
 __all__ = ["add_parser", "run", "exit_code", "DEFAULT_STRATEGIES"]
 
@@ -20,8 +23,12 @@ DEFAULT_STRATEGIES = ("checkpoint_all", "chen_sqrtn", "auto")
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("compile", help="compile a zoo model for a budget, run it and report measured memory")
-    p.add_argument("--model", required=True, metavar="NAME")
+    p = sub.add_parser("compile", help="compile a zoo model or a .keras file for a budget, run it and report "
+                                       "measured memory")
+    p.add_argument("--model", required=True, metavar="NAME",
+                   help="a model of checkmate.tf2.zoo, or a saved .keras file compiled with its loss (any number "
+                        "of inputs and outputs; input shapes from the model)")
+    p.add_argument("--custom-objects", metavar="MODULE:ATTR", default=None, help=CUSTOM_OBJECTS_HELP)
     p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument("--input-shape", type=shape, default=None, metavar="H,W,C")
     p.add_argument("--budget", required=True)
@@ -36,12 +43,17 @@ def add_parser(sub) -> None:
                    help="run BatchNormalization on TensorFlow's fused kernel (a smaller backward working set; "
                         "results equal Keras' to rounding)")
     p.add_argument("--steps", type=positive_int, default=3, help="training steps to run and time")
+    p.add_argument("--save-plan", metavar="PLAN.json", default=None,
+                   help="write the plan of the strategy with the least predicted overhead, for the step as "
+                        "RematModel trains it (sample weights as an input): RematModel(model, plan=PLAN.json) "
+                        "and checkmate.tf2.compile(..., plan=PLAN.json) train with it without solving")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=command(run, tensorflow=True, counts_memory=True))
 
 
 def run(args: argparse.Namespace) -> int:
-    """Lower a zoo model, profile, solve, generate, run and report per strategy."""
+    """Lower a zoo model or a .keras file, profile, solve, generate, run and report per strategy."""
+    from checkmate.io import output_target
     from checkmate.solvers import format_bytes, get_strategy
     from checkmate.tf2 import zoo
     from checkmate.tf2.lowering import lower
@@ -51,14 +63,27 @@ def run(args: argparse.Namespace) -> int:
                   else list(DEFAULT_STRATEGIES))
     for name in strategies:
         get_strategy(name)
+    if args.save_plan:
+        output_target(args.save_plan)   # an unwritable path is refused before the model is built
+    custom_objects = load_custom_objects(args.custom_objects)
+    compiled: dict = {}
     # --json promises one JSON object on stdout; solver libraries print banners to fd 1.
     with stdout_to_stderr(args.json):
-        built = zoo.build_model(args.model, args.batch_size, args.input_shape)
-        lowered = lower(built.model, built.loss, built.input_spec, built.label_spec, level=args.level,
+        if is_model_file(args.model):
+            built = load_keras_file(args.model, args.batch_size, args.input_shape, custom_objects)
+        else:
+            built = zoo.build_model(args.model, args.batch_size, args.input_shape)
+        loss, label_spec = built.loss, built.label_spec
+        if args.save_plan:
+            loss, label_spec = _as_remat_model_trains(built.model, loss, label_spec, args.batch_size)
+        lowered = lower(built.model, loss, built.input_spec, label_spec, level=args.level,
                         gradient_nodes=True, cost_model="profile", progress=False,
                         fused_batch_norm=args.fused_batch_norm)
-        report = compare_strategies(lowered, built.model, built.loss, strategies, args.budget, solver=args.solver,
-                                    time_limit_s=args.time_limit, mip_gap=args.mip_gap, steps=args.steps)
+        report = compare_strategies(lowered, built.model, loss, strategies, args.budget, solver=args.solver,
+                                    time_limit_s=args.time_limit, mip_gap=args.mip_gap, steps=args.steps,
+                                    compiled=compiled)
+    if args.save_plan:
+        _save_best_plan(args, lowered, report, compiled)
     report["model"] = args.model
     report["batch_size"] = args.batch_size
     report["allocator_note"] = allocator_note(report["device"])
@@ -100,6 +125,36 @@ def run(args: argparse.Namespace) -> int:
               f"{format_bytes(row['measured_peak_bytes']):>11} {ratio:>9} {row['predicted_overhead']:>8.2f}x "
               f"{row['time_over_plain']:>9.2f}x {row['max_grad_diff']:>11.2e}")
     return exit_code(report["rows"])
+
+
+def _as_remat_model_trains(model, loss, label_spec, batch_size: int):
+    """The loss and label spec of the step ``RematModel`` compiles: labels paired with per-sample
+    weights, each output's loss weighing and reducing its values as Keras does."""
+    import tensorflow as tf
+
+    from checkmate.tf2.keras_model import weighted_loss
+
+    return weighted_loss(loss, model), (label_spec, tf.TensorSpec((batch_size,), tf.float32))
+
+
+def _save_best_plan(args: argparse.Namespace, lowered, report: dict, compiled: dict) -> None:
+    """Write the plan of the strategy with the least predicted overhead (nothing when none fits: the
+    exit code says why)."""
+    from checkmate.tf2.plan_cache import save_plan
+
+    ok = [row for row in report["rows"] if row["status"] == "ok" and row["strategy"] in compiled]
+    if not ok:
+        return
+    best = min(ok, key=lambda row: row["predicted_overhead"])
+    step = compiled[best["strategy"]]
+    save_plan(args.save_plan, lowered.graph, step.result, model=args.model, batch_size=args.batch_size,
+              level=args.level, fused_batch_norm=bool(args.fused_batch_norm), predictions=False,
+              budget=str(args.budget), budget_bytes=int(step.predicted.budget_bytes))
+    report["plan"] = {"path": args.save_plan, "strategy": best["strategy"],
+                      "predicted_overhead": best["predicted_overhead"]}
+    if not args.json:
+        print(f"plan of {best['strategy']} ({best['predicted_overhead']:.3f}x) written to {args.save_plan}",
+              file=sys.stderr)
 
 
 def exit_code(rows: list[dict]) -> int:

@@ -121,3 +121,11 @@ def has_compiled_metrics(model: object) -> bool:
     metrics = getattr(model, "_compile_metrics", None)
     return metrics is not None and bool(getattr(metrics, "_user_metrics", None) or
                                         getattr(metrics, "_user_weighted_metrics", None))
+
+
+def update_output_losses(model: object, y, y_pred, sample_weight=None) -> None:
+    """Update the per-output loss means Keras reports as ``<output>_loss`` for a model with several
+    outputs with one batch, as Keras' ``compute_loss`` does in its own train step (Keras 3.15: calling
+    ``Trainer._compile_loss``, a ``CompileLoss``, builds them on its first call and updates them; its
+    total is not needed)."""
+    model._compile_loss(y, y_pred, sample_weight)

@@ -23,6 +23,9 @@ import contextlib
 import logging
 import math
 import os
+import sys
+import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -37,7 +40,7 @@ from checkmate.tf2.plan_cache import PLAN_FIELD, read_plan
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "PARTIAL_BATCHES", "BATCH_STATISTICS_LAYERS",
+__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "check_budget_form", "PARTIAL_BATCHES", "FIRST_PLAN_TIME_LIMIT_S", "BATCH_STATISTICS_LAYERS",
            "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
@@ -45,9 +48,33 @@ _log = logging.getLogger("checkmate.tf2")
 # compiled size, "compile" a schedule for its size, or "auto": compile when the model has a layer
 # whose training forward pass mixes the rows of a batch, pad otherwise.
 PARTIAL_BATCHES = ("auto", "pad", "compile")
+# The solver's time limit for RematModel's steps (compile_options["time_limit_s"] overrides it): the
+# first batch waits for the solve, and checkmate.tf2.compile's default limit (ten minutes) buys little
+# more. strategy="auto" at 50% with this limit (2-core machine, shared; layer level, gradient nodes):
+# a 146-node ViT 1.0903x in 20 s (the full solve: 1.0901x after 600 s; 10 s: 1.2334x); a 432-node ViT
+# 1.0710x in 12 s (the full solve: the same in 16 s); an 848-node ViT 1.0764x in 18 s (1.0664x in 53 s).
+FIRST_PLAN_TIME_LIMIT_S = 20.0
+# Where the status line cannot be rewritten in place (a log file), a new line at most this often.
+STATUS_LOG_EVERY_S = 10.0
 # Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
 # would change the real rows' outputs and the layer's moving statistics.
 BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
+
+
+def check_budget_form(budget: Any) -> None:
+    """Refuse a budget that no step could resolve (``"60 percent"``, ``"-5%"``, ``0``) when it is given,
+    rather than at the first batch: ``"auto"``, or what :func:`checkmate.budgets.parse_budget` reads,
+    checked against a stand-in graph (a percentage is resolved against the step's graph later)."""
+    if isinstance(budget, str) and budget.strip().lower() == "auto":
+        return
+    from checkmate.budgets import parse_budget
+    from checkmate.graph import GraphBuilder
+
+    # a graph whose checkpoint-all peak is large enough that any positive percentage is a byte or more
+    builder = GraphBuilder("budget-check")
+    first = builder.add_node("f", 1.0, 1 << 40)
+    builder.add_node("g", 1.0, 1 << 40, [first], backward=True, output=True)
+    parse_budget(budget, builder.build())
 
 
 def has_batch_statistics(model: Any) -> bool:
@@ -66,6 +93,135 @@ def check_no_custom_train_step(model: Any) -> None:
             "rematerialized step is traced from the model's call() and the loss, so fit() would skip that "
             "logic. Express it in call(), the loss or add_loss(), or call a step from "
             "checkmate.tf2.compile(...) inside your own training loop or train_step")
+
+
+def _loss_weight_lookup(loss_weights: Any, model: Any):
+    """``factor(index, output_name)`` for ``keras.Model.compile``'s ``loss_weights``: one number, a list
+    (one per output) or a dict by output name (outputs it does not name weigh 1)."""
+    names = list(getattr(model, "output_names", None) or [])
+    if loss_weights is None:
+        return lambda index, key: 1.0
+    if isinstance(loss_weights, dict):
+        unknown = sorted(set(loss_weights) - set(names)) if names else []
+        if unknown:
+            raise InvalidArgumentError(f"loss_weights names {unknown}, which are not outputs of the model "
+                                       f"(outputs: {names})")
+        return lambda index, key: float(loss_weights.get(key, 1.0))
+    if isinstance(loss_weights, (list, tuple)):
+        if names and len(loss_weights) != len(names):
+            raise InvalidArgumentError(f"{len(loss_weights)} loss_weights for a model with {len(names)} outputs {names}")
+        return lambda index, key: float(loss_weights[index])
+    try:
+        factor = float(loss_weights)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"loss_weights must be a number, a list or a dict, got {loss_weights!r}") from None
+    return lambda index, key: factor
+
+
+class CompileStatus(logging.Handler):
+    """One status line while ``fit`` compiles a step: what checkmate is doing (lowering, profiling,
+    solving: its latest ``checkmate`` log message, which carries the best overhead and the bound as
+    the solvers find them) and the time so far.
+
+    It is written where Keras writes its progress bar (``sys.stdout``, which a notebook shows), and
+    rewritten in place where Keras' bar is (a terminal or a notebook); elsewhere (a log file) a line
+    is added when the message changes, at most every :data:`STATUS_LOG_EVERY_S`. The solvers' own
+    logs are not shown (``compile_options={"verbose": 3}`` shows them).
+    """
+
+    REFRESH_S = 0.5
+
+    def __init__(self, what: str, enabled: bool = True, stream: Any = None):
+        super().__init__(level=logging.INFO)
+        self.what = what
+        self.enabled = enabled
+        self.stream = stream
+        self.message = "starting"
+        self._start = time.perf_counter()
+        self._width = 0
+        self._last_written = -math.inf
+        self._written_message = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = None
+        self._level = None
+
+    @staticmethod
+    def dynamic(stream: Any) -> bool:
+        """Whether a line can be rewritten in place on ``stream`` (as Keras' progress bar decides)."""
+        try:
+            tty = bool(stream.isatty())
+        except (AttributeError, ValueError):
+            tty = False
+        return tty or "ipykernel" in sys.modules
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = " ".join(record.getMessage().split())
+        except Exception:  # noqa: BLE001 - a malformed record must not stop training
+            return
+        with self._lock:
+            self.message = message
+        self._draw()
+
+    def _line(self) -> str:
+        return f"checkmate: {self.what} | {time.perf_counter() - self._start:.0f} s | {self.message}"
+
+    def _draw(self, final: str | None = None) -> None:
+        with self._lock:
+            stream = self.stream or sys.stdout
+            line = final if final is not None else self._line()
+            if self.dynamic(stream):
+                # rewrite the line in place, blanking what a longer previous one left
+                pad = max(self._width - len(line), 0)
+                stream.write("\r" + line + " " * pad + ("\n" if final is not None else ""))
+                self._width = 0 if final is not None else len(line)
+            else:
+                now = time.perf_counter()
+                if final is None and (self.message == self._written_message
+                                      or now - self._last_written < STATUS_LOG_EVERY_S):
+                    return
+                self._last_written, self._written_message = now, self.message
+                stream.write(line + "\n")
+            stream.flush()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.REFRESH_S):
+            if self.dynamic(self.stream or sys.stdout):
+                self._draw()
+
+    def __enter__(self) -> "CompileStatus":
+        if not self.enabled:
+            return self
+        logger = logging.getLogger("checkmate")
+        self._level = logger.level
+        if logger.level == logging.NOTSET or logger.level > logging.INFO:
+            logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+        self._draw()
+        self._thread = threading.Thread(target=self._tick, daemon=True, name="checkmate-status")
+        self._thread.start()
+        return self
+
+    def done(self, text: str) -> None:
+        """End the line with ``text`` (what was compiled, and how well)."""
+        if self.enabled:
+            self._stop.set()
+            self._draw(final=f"checkmate: {text} ({time.perf_counter() - self._start:.0f} s)")
+            self.enabled = False
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._level is not None:
+            logger = logging.getLogger("checkmate")
+            logger.removeHandler(self)
+            logger.setLevel(self._level)
+            self._level = None
+        if self.enabled:
+            # failed: leave the line as it stood, ended, so that the error prints below it
+            self._draw(final=self._line())
 
 
 def _batch_size(x: Any) -> int | None:
@@ -132,10 +288,11 @@ def _check_input_keys(model: Any, x: Any) -> None:
 class RematModel(keras.Model):
     """A ``keras.Model`` that trains ``model`` with a rematerializing step.
 
-    ``RematModel(model, budget=..., strategy=..., **options)``: ``compile`` takes an optimizer, a loss
-    (any ``keras.Model.compile`` loss) and metrics as in Keras, and the first training batch compiles
-    the step (:func:`checkmate.tf2.compile` with ``budget``, ``strategy`` and ``options``) for that
-    batch size. It shares the model's layers and variables: ``fit`` trains the original model.
+    ``RematModel(model, budget=..., strategy=..., compile_options=...)``: ``compile`` takes an optimizer,
+    a loss (any ``keras.Model.compile`` loss) and metrics as in Keras, and the first training batch
+    compiles the step (:func:`checkmate.tf2.compile` with ``budget``, ``strategy`` and
+    ``compile_options``) for that batch size, solving within :data:`FIRST_PLAN_TIME_LIMIT_S` unless
+    ``compile_options`` gives a ``time_limit_s``. It shares the model's layers and variables: ``fit`` trains the original model.
     Inference (``predict``, ``__call__``, ``evaluate``, ``export``) runs the model unchanged.
 
     - Sample weights and ``class_weight`` are honoured (an input of the compiled step).
@@ -195,6 +352,7 @@ class RematModel(keras.Model):
         check_no_custom_train_step(model)
         if partial_batches not in PARTIAL_BATCHES:
             raise InvalidArgumentError(f"partial_batches={partial_batches!r}: expected one of {', '.join(PARTIAL_BATCHES)}")
+        check_budget_form(budget)
         distribution_strategy(model)
         kwargs.setdefault("name", f"{getattr(model, 'name', 'model')}_checkmate")
         super().__init__(**kwargs)
@@ -209,6 +367,7 @@ class RematModel(keras.Model):
         self._plan_doc = None if plan is None else read_plan(plan)
         self._steps: dict = {}
         self._main_batch: int | None = None
+        self._show_status = False      # fit() with verbose != 0 shows a status line while compiling
         if getattr(model, "built", False):
             # shares the built model's variables: save_weights and summary need no call first
             self.built = True
@@ -234,6 +393,12 @@ class RematModel(keras.Model):
     def call(self, inputs, training=False):
         return self.inner(inputs, training=training)
 
+    @property
+    def output_names(self):
+        """The wrapped model's: ``compile`` names each output's loss and metrics after them, as Keras
+        does for that model (``kind_loss``, ``val_kind_loss``)."""
+        return getattr(self.inner, "output_names", None)
+
     def export(self, filepath, format="tf_saved_model", **kwargs):
         """Exports the wrapped model (inference is the model's own)."""
         return self.inner.export(filepath, format=format, **kwargs)
@@ -246,10 +411,9 @@ class RematModel(keras.Model):
             kwargs = losses.compile_arguments_of(self.inner) or {}
             loss, optimizer = kwargs.pop("loss", None), kwargs.pop("optimizer", None)
             kwargs["jit_compile"] = False
-        if kwargs.get("loss_weights") is not None:
-            # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
-            raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
-                                       "losses themselves")
+        # checked now, with the model's outputs, rather than at the first batch; Keras' compiled
+        # loss, which the step differentiates, applies them
+        _loss_weight_lookup(kwargs.get("loss_weights"), self.inner)
         self._steps = {}
         self._main_batch = None
         if getattr(self.inner, "output_names", None):
@@ -304,8 +468,10 @@ class RematModel(keras.Model):
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), losses.weight_spec(sample_weight, batch))
         options = dict(self.compile_options)
-        # training metrics are computed as Keras does, from the training forward pass's predictions
-        options.setdefault("predictions", _compat.has_compiled_metrics(self))
+        options.setdefault("time_limit_s", FIRST_PLAN_TIME_LIMIT_S)
+        # training metrics and, for several outputs, each output's loss are computed as Keras does, from
+        # the training forward pass's predictions
+        options.setdefault("predictions", _compat.has_compiled_metrics(self) or self._several_outputs())
         if self._plan_doc is not None and self._main_batch is None:
             # the plan was made for a step with or without the predictions as an output: that step
             # (without them, training metrics come from an inference pass; see train_step)
@@ -318,11 +484,20 @@ class RematModel(keras.Model):
         distribution = self._replicated_distribution()
         _log.info("compiling the rematerialized step of %s for batches of %d%s", self.inner.name, batch,
                   f" per replica ({distribution.num_replicas_in_sync} replicas)" if distribution is not None else "")
+        status = CompileStatus(f"planning {self.inner.name} for batches of {batch}", enabled=self._show_status)
+        if status.enabled:
+            options.setdefault("progress", False)     # the solvers' own line would compete with this one
         # the lowering traces one replica's step under the model's tf.distribute strategy (see
         # distribution_strategy)
-        with distribution.scope() if distribution is not None else contextlib.nullcontext():
-            return compile_step(self.inner, losses.step_loss(self), self.optimizer,
+        with status, distribution.scope() if distribution is not None else contextlib.nullcontext():
+            step = compile_step(self.inner, losses.step_loss(self), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
+            status.done(f"{self.inner.name} planned for batches of {batch}: overhead {step.predicted.overhead:.3f}x, "
+                        f"{step.strategy}" + (", optimal" if step.result.optimal else ""))
+        return step
+
+    def _several_outputs(self) -> bool:
+        return len(getattr(self.inner, "outputs", None) or []) > 1
 
     def _replicated_distribution(self) -> Any:
         """The model's ``tf.distribute`` strategy when it is one the step runs under (else ``None``)."""
@@ -386,12 +561,17 @@ class RematModel(keras.Model):
         # the step was compiled with predictions when metrics were compiled (compile() drops steps)
         loss, rows, pred = self._run_padded(x, y, sample_weight)
         _compat.keras_loss_tracker(self).update_state(_unscaled(loss), sample_weight=rows)
-        if not _compat.has_compiled_metrics(self):
-            return self.get_metrics_result()
-        if pred is None:
-            # a step from a plan made without the predictions: an inference-mode forward pass of the
-            # batch, after its update
+        metrics = _compat.has_compiled_metrics(self)
+        if pred is None and (metrics or self._several_outputs()):
+            # a step planned without the predictions (a plan file's, or predictions=False): an
+            # inference-mode forward pass of the batch, after its update
             pred = self.inner(x, training=False)
+        if self._several_outputs():
+            # each output's loss in the training logs, as Keras reports it ("<output>_loss"); the first
+            # call builds those means, as Keras' own train step does in its first trace
+            _compat.update_output_losses(self, y, pred, sample_weight)
+        if not metrics:
+            return self.get_metrics_result()
         return self.compute_metrics(x, y, pred, sample_weight=sample_weight)
 
     def _run_padded(self, x, y, sample_weight):
@@ -424,19 +604,28 @@ class RematModel(keras.Model):
         flat = [tf.ensure_shape(t, spec.shape) for t, spec in zip(flat, step.input_specs)]
         loss, pred = _run_step(step, flat)
         if pred is not None and static != batch:
-            pred = tf.nest.map_structure(lambda t: t[:rows], pred)     # the padded rows' predictions dropped
+            # the padded rows' predictions dropped; a static row count keeps the static shape, by which
+            # Keras weighs each output's loss mean
+            keep = static if static is not None else rows
+            pred = tf.nest.map_structure(lambda t: t[:keep], pred)
         return loss, rows, pred
 
-    def fit(self, x=None, y=None, batch_size=None, epochs=1, **kwargs):
-        """``keras.Model.fit``; the first batch compiles the step (per replica under a strategy). An
-        uncompiled ``RematModel`` of a compiled model trains with that model's ``compile()`` arguments."""
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", *args, **kwargs):
+        """``keras.Model.fit``; the first batch compiles the step (per replica under a strategy). With
+        ``verbose`` other than 0 (Keras' default is 1), compiling a step shows one status line
+        (:class:`CompileStatus`). An uncompiled ``RematModel`` of a compiled model trains with that
+        model's ``compile()`` arguments."""
         from checkmate.tf2.measure import StepTimeReport
 
         if not self.compiled and losses.compile_arguments_of(self.inner) is not None:
             self.compile()      # the wrapped model's own compile() arguments
         # the measured step time beside the predicted overhead, after the first epoch
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), StepTimeReport(self)]
-        return super().fit(x, y, batch_size=batch_size, epochs=epochs, **kwargs)
+        self._show_status = verbose != 0
+        try:
+            return super().fit(x, y, batch_size, epochs, verbose, *args, **kwargs)
+        finally:
+            self._show_status = False
 
     def make_train_function(self, force: bool = False):
         """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,

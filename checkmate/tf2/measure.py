@@ -172,7 +172,8 @@ def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list
     rng = np.random.default_rng(seed)
     classes = None
     try:
-        classes = int(model.outputs[0].shape[-1])
+        # integer labels below every output's class count, valid for whichever output they label
+        classes = min(int(out.shape[-1]) for out in model.outputs)
     except (AttributeError, IndexError, TypeError, ValueError):
         classes = None
 
@@ -201,13 +202,15 @@ def measure_plain(lowered: LoweredGraph, flat: Sequence[Any], *, steps: int = 3,
 
 def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies: Sequence[str], budget: Any, *,
                        solver: str | None = None, time_limit_s: float | None = None, steps: int = 3,
-                       optimizer: Any = None, plain: dict | None = None, mip_gap: float | None = None) -> dict:
+                       optimizer: Any = None, plain: dict | None = None, mip_gap: float | None = None,
+                       compiled: dict | None = None) -> dict:
     """Compile ``lowered`` with each strategy and measure it against the plain step (the demo's view).
 
     Returns ``{"plain": {...}, "rows": [{...} per strategy]}`` with predicted and measured peaks (step
     peaks: bytes allocated on top of the resident parameters and batch), predicted overhead,
     measured step time and its ratio to the plain step's, and the max gradient difference.
-    ``mip_gap`` (None: the default, proven optimal) is passed to every solve.
+    ``mip_gap`` (None: the default, proven optimal) is passed to every solve. ``compiled``, when
+    given, receives each strategy's :class:`~checkmate.tf2.step.CompiledStep` by name.
     """
     x, y = random_batch(lowered, model)
     flat = x + y
@@ -237,6 +240,8 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             row.update(status=f"solver failed: {exc}")
             rows.append(row)
             continue
+        if compiled is not None:
+            compiled[name] = step
         fn = step.function.call_flat
         measured = measure_step(fn, *flat, device=device).peak_bytes
         # interleaved with the plain step, so that a load on a shared machine falls on both alike

@@ -226,10 +226,11 @@ class ScheduleCache:
         if not isinstance(info, dict) or info.get("key") != dict(key):
             _log.debug("schedule cache: ignoring %s (not a plan for this key)", path)
             return None
-        solved_with = info.get("time_limit_s")
-        if (not info.get("optimal") and time_limit_s is not None and isinstance(solved_with, (int, float))
-                and solved_with < time_limit_s):
-            _log.debug("schedule cache: %s was solved within %.0f s, %.0f s asked", path, solved_with, time_limit_s)
+        # None is the solver's documented default limit, not "any"
+        asked = _effective_limit(time_limit_s)
+        solved_with = _effective_limit(info.get("time_limit_s"))
+        if not info.get("optimal") and isinstance(solved_with, (int, float)) and solved_with < asked:
+            _log.debug("schedule cache: %s was solved within %.0f s, %.0f s asked", path, solved_with, asked)
             return None
         try:
             result = plan_result(doc, graph, budget_bytes, source="the cached schedule")
@@ -247,6 +248,12 @@ class ScheduleCache:
             atomic_write_json(self.path(key), plan_document(graph, result, key=key, time_limit_s=time_limit_s))
         except (OSError, CheckmateError) as exc:
             _log.warning("schedule cache: could not write %s (%s)", self.path(key), exc)
+
+
+def _effective_limit(time_limit_s: Any) -> Any:
+    from checkmate.solvers.types import DEFAULT_TIME_LIMIT_S
+
+    return DEFAULT_TIME_LIMIT_S if time_limit_s is None else time_limit_s
 
 
 def _replace_status(result: "SolveResult", info: Mapping) -> "SolveResult":

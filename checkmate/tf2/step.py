@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from fractions import Fraction
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -441,6 +442,37 @@ def _user_budget_for(planned: int, resident: int, headroom: float) -> int:
     return resident + math.ceil((planned - resident) / (1.0 - headroom))
 
 
+def _activation_share(budget_bytes: int, graph: Any, budget: Any) -> str:
+    """``", 63.2% of the activations"`` when the user's budget was a share of the activations."""
+    if isinstance(budget, str) and "activation" in budget:
+        return describe_fraction(budget_bytes, graph, budget)
+    return ""
+
+
+def _share_that_fits(planned_minimum: int, graph) -> str:
+    """The least percentage budget, to a tenth of a percent, that resolves to at least
+    ``planned_minimum`` (a percentage is planned as given, without the allocator headroom)."""
+    peak = checkpoint_all_peak(graph)
+    if peak <= 0:
+        return "100%"
+    tenths = math.ceil(Fraction(int(planned_minimum) * 1000, int(peak)))
+    return f"{tenths / 10:g}%"      # read back exactly (parse_budget reads decimals as fractions)
+
+
+def _minimum_note(strategy: str) -> str:
+    """What a stated minimum is for a strategy whose answer depends on its solver's time limit."""
+    from checkmate.solvers.registry import get_strategy
+    from checkmate.solvers.types import StrategyKind
+
+    try:
+        kind = get_strategy(strategy).kind
+    except Exception:  # noqa: BLE001 - an unknown name was refused before solving
+        return ""
+    if kind == StrategyKind.SOLVER:
+        return "; an upper bound: the least budget the solver proved to fit within its time limit"
+    return ""
+
+
 def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, *, budget: Any = "auto",
                     strategy: str = "auto", solver: str | None = None, time_limit_s: float | None = None,
                     device: str | None = None, allocator_headroom: float = ALLOCATOR_HEADROOM_FRACTION,
@@ -474,15 +506,17 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         if minimum is None:
             minimum = strategy_minimum_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
                                                **solve_options)
-        minimum = _user_budget_for(int(minimum), resident, allocator_headroom)
+        planned_minimum = int(minimum)
+        minimum = _user_budget_for(planned_minimum, resident, allocator_headroom)
         headroom_note = "" if planned == budget_bytes else (
             f", planned for {format_bytes(planned)} to leave {allocator_headroom:.0%} of the step's memory "
             "to the allocator")
         raise InfeasibleBudgetError(
             f"{strategy}: no schedule of {lowered.graph.name} fits in {format_bytes(budget_bytes)} "
             f"({budget_bytes} bytes{describe_fraction(budget_bytes, lowered.graph, budget)}{headroom_note}); "
-            f"minimum feasible budget: {format_bytes(minimum)} "
-            f"({minimum} bytes{describe_fraction(minimum, lowered.graph, budget)})",
+            f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes, or "
+            f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak"
+            f"{_activation_share(minimum, lowered.graph, budget)}){_minimum_note(strategy)}",
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
@@ -564,13 +598,15 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         turns that off.
     verbose:
         Log the lowering, profiling and solving (their sizes and times) and the resolved budget on
-        stderr while compiling (:mod:`checkmate.logs`); silent by default.
+        stderr while compiling (:mod:`checkmate.logs`); silent by default. ``2`` adds checkmate's
+        debug messages, ``3`` the solver backends' own logs.
 
     Raises :class:`~checkmate.errors.InfeasibleBudgetError` (with ``min_feasible_budget_bytes``)
     before any step runs when nothing fits.
     """
-    if verbose:
-        solve_options.setdefault("verbose", True)     # the solver backends' own logs as well
+    if verbose and int(verbose) >= 3:
+        # the solver backends' own logs (HiGHS prints ~100 lines a solve): a level of their own
+        solve_options.setdefault("verbose", True)
     if time_limit_s is None:
         time_limit_s = COMPILE_TIME_LIMIT_S
     with verbose_logging(verbose):

@@ -106,6 +106,8 @@ def test_an_unproven_entry_is_not_reused_for_a_longer_time_limit(tmp_path):
     assert cache.get(key, graph, budget, time_limit_s=5.0) is not None
     assert cache.get(key, graph, budget, time_limit_s=2.0) is not None
     assert cache.get(key, graph, budget, time_limit_s=60.0) is None
+    # no limit asked is the solver's default limit: a longer solve than this one
+    assert cache.get(key, graph, budget, time_limit_s=None) is None
 
 
 def test_the_cache_can_be_turned_off_and_lives_beside_the_profile_cache(tmp_path, monkeypatch):
@@ -238,3 +240,57 @@ def test_remat_model_trains_with_a_plan_file_without_solving(tmp_path, monkeypat
         wrong.fit(*data(3 * BATCH), batch_size=2 * BATCH, epochs=1, verbose=0)
     with pytest.raises(InvalidArgumentError, match="not a plan file|missing"):
         checkmate.tf2.RematModel(mlp(), plan=tmp_path / "missing.json")
+
+
+def test_fit_shows_one_status_line_while_it_plans(capsys):
+    x, y = data()
+    trainer = checkmate.tf2.RematModel(mlp(), budget="85%", strategy="checkmate_milp")
+    trainer.compile(keras.optimizers.SGD(0.1), LOSS)
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=1)
+    out = capsys.readouterr().out
+    status = [line for line in out.splitlines() if line.startswith("checkmate:")]
+    # not a terminal: the line as it starts and as it ends, nothing from the solver backends
+    assert status[0].startswith("checkmate: planning mlp for batches of 64 | ")
+    assert "mlp planned for batches of 64: overhead " in status[-1] and "checkmate_milp" in status[-1]
+    assert "HiGHS" not in out and "Running" not in out
+    quiet = checkmate.tf2.RematModel(mlp(), budget="85%", strategy="checkmate_milp")
+    quiet.compile(keras.optimizers.SGD(0.1), LOSS)
+    quiet.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    assert capsys.readouterr().out == ""
+
+
+class _Terminal:
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_the_status_line_is_rewritten_in_place_with_the_latest_message():
+    import logging
+
+    from checkmate.tf2.keras_model import CompileStatus
+
+    terminal = _Terminal()
+    log = logging.getLogger("checkmate.solvers")
+    with CompileStatus("planning m", stream=terminal) as status:
+        log.info("auto: chen_greedy fits at overhead 1.2350x (0.8 s)")
+        log.info("hierarchical: 3.0 s, best overhead 1.0710x, bound 1.0454x")
+        log.debug("not shown")
+        status.done("m planned: overhead 1.071x")
+    lines = terminal.text.split("\r")
+    assert terminal.text.count("\n") == 1 and terminal.text.endswith("\n")
+    assert "best overhead 1.0710x, bound 1.0454x" in lines[-2]
+    assert lines[-1].startswith("checkmate: m planned: overhead 1.071x (")
+    assert "not shown" not in terminal.text
+    # a shorter line blanks what the longer one before it left
+    assert len(lines[-1].rstrip("\n")) >= len(lines[-2])
+    # the logger is as it was
+    assert not any(isinstance(h, CompileStatus) for h in logging.getLogger("checkmate").handlers)
