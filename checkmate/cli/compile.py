@@ -130,11 +130,15 @@ def run(args: argparse.Namespace) -> int:
 def _as_remat_model_trains(model, loss, label_spec, batch_size: int):
     """The loss and label spec of the step ``RematModel`` compiles: labels paired with per-sample
     weights, each output's loss weighing and reducing its values as Keras does."""
-    import tensorflow as tf
 
-    from checkmate.tf2.keras_model import weighted_loss
+    from checkmate.tf2 import losses
+    from checkmate.tf2.keras_model import RematModel
 
-    return weighted_loss(loss, model), (label_spec, tf.TensorSpec((batch_size,), tf.float32))
+    # RematModel differentiates Keras' own compiled loss: compile one for this model and loss (only
+    # its loss is used here)
+    trainer = RematModel(model)
+    trainer.compile(loss=loss)
+    return losses.step_loss(trainer), (label_spec, losses.weight_spec(None, batch_size))
 
 
 def _save_best_plan(args: argparse.Namespace, lowered, report: dict, compiled: dict) -> None:

@@ -416,9 +416,6 @@ class RematModel(keras.Model):
         _loss_weight_lookup(kwargs.get("loss_weights"), self.inner)
         self._steps = {}
         self._main_batch = None
-        if getattr(self.inner, "output_names", None):
-            # Keras matches a dict of losses to the compiled model's output names
-            self.output_names = list(self.inner.output_names)
         return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
                                **kwargs)
 
