@@ -130,7 +130,6 @@ def run(args: argparse.Namespace) -> int:
 def _as_remat_model_trains(model, loss, label_spec, batch_size: int):
     """The loss and label spec of the step ``RematModel`` compiles: labels paired with per-sample
     weights, each output's loss weighing and reducing its values as Keras does."""
-
     from checkmate.tf2 import losses
     from checkmate.tf2.keras_model import RematModel
 
