@@ -245,7 +245,7 @@ def step_peak(fn, *args):
 
 
 # ------------------------------------------------------------------------------------------ runs
-def run_budgets(name: str, budgets, repeats: int) -> list[dict]:
+def run_budgets(name: str, budgets, repeats: int, time_limit_s=None) -> list[dict]:
     import checkmate.tf2 as ct
     from checkmate.tf2.step import cost_model_description
 
@@ -257,7 +257,8 @@ def run_budgets(name: str, budgets, repeats: int) -> list[dict]:
     rows = []
     for budget in budgets:
         row = {"model": name, "budget": budget}
-        options = {"strategy": "checkpoint_all"} if budget == "100%" else {}
+        options = {"strategy": "checkpoint_all"} if budget == "100%" else (
+            {"time_limit_s": time_limit_s} if time_limit_s else {})
         started = time.perf_counter()
         try:
             step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget, **options)
@@ -272,7 +273,7 @@ def run_budgets(name: str, budgets, repeats: int) -> list[dict]:
         measured = step.measure_time(x, y, repeats=repeats)
         ratio = measured.ratio
         predicted = step.predicted.overhead
-        row.update(nodes=step.graph.n, strategy=step.strategy if not options else "checkpoint_all",
+        row.update(nodes=step.graph.n, strategy=step.strategy,
                    predicted_overhead=round(predicted, 4), measured_ratio=round(ratio, 4),
                    measured_cpu_ratio=round(measured.cpu_ratio, 4) if measured.cpu_ratio else None,
                    ratio_error=round(ratio / predicted - 1.0, 4),
@@ -288,7 +289,7 @@ def run_budgets(name: str, budgets, repeats: int) -> list[dict]:
     return rows
 
 
-def run_compare(name: str, repeats: int) -> list[dict]:
+def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
     """The heuristics, then checkmate at each one's measured step peak (plus parameters and batch)."""
     import checkmate.tf2 as ct
     from checkmate.tf2.measure import interleaved_times
@@ -328,7 +329,8 @@ def run_compare(name: str, repeats: int) -> list[dict]:
         budget = int(h["measured_step_peak_bytes"] + resident)
         method = f"checkmate at {h['method']}'s peak"
         try:
-            step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget)
+            step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget,
+                              **({"time_limit_s": time_limit_s} if time_limit_s else {}))
         except Exception as exc:
             rows.append({"model": name, "method": method, "budget_bytes": budget,
                          "status": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
@@ -359,6 +361,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--budgets", default=",".join(DEFAULT_BUDGETS))
     p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="the solver's time limit per compile (default: checkmate's own default)")
     p.add_argument("--compare", action="store_true", help="also the heuristics, at the same measured memory")
     p.add_argument("--check", action="store_true", help="exit 1 when predicted and measured time drift apart")
     p.add_argument("--tolerance", type=float, default=0.08)
@@ -374,9 +378,9 @@ def main(argv=None) -> int:
     started = time.time()
     rows, compare = [], []
     for name in names:
-        rows += run_budgets(name, budgets, args.repeats)
+        rows += run_budgets(name, budgets, args.repeats, args.time_limit)
         if args.compare:
-            compare += run_compare(name, args.repeats)
+            compare += run_compare(name, args.repeats, args.time_limit)
     write_csv(args.out / f"{args.label}.csv", rows, FIELDS)
     if compare:
         write_csv(args.out / f"{args.label}_compare.csv", compare, COMPARE_FIELDS)
