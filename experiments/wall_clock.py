@@ -340,6 +340,60 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
     return rows
 
 
+def _fmt(value, pattern="{:.3f}x") -> str:
+    if value in (None, ""):
+        return "-"
+    return pattern.format(float(value))
+
+
+def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
+    """The results as Markdown tables (written beside the CSVs)."""
+    mib = "{:.1f}"
+    lines = ["# Predicted against measured step time", "",
+             f"Command: `{meta['command']}`  ", f"Device: {meta['device']}; started {meta['started']} UTC, "
+             f"{meta['seconds']:.0f} s.", "",
+             "Ratios are to the plain traced GradientTape step (Grappler on), interleaved in one process, "
+             "median of the repeats; CPU is the same ratio in process CPU time (robust to other processes "
+             "on a shared machine). Peaks are step peaks in MiB (above parameters and batch).", "",
+             "| model | budget | strategy | nodes | predicted | measured | CPU | error | peak (pred.) | peak (meas.) "
+             "| plain peak | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['budget']} | {r['strategy']} | {r['nodes']} | {_fmt(r['predicted_overhead'])} | "
+            f"{_fmt(r['measured_ratio'])} | {_fmt(r['measured_cpu_ratio'])} | {_fmt(r['ratio_error'], '{:+.1%}')} | "
+            f"{mib.format(float(r['predicted_step_peak_bytes']) / 2 ** 20)} | "
+            f"{mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
+            f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {r['compile_s']} |")
+    if compare:
+        lines += ["", "## Against the heuristics, at the same measured memory", "",
+                  "Checkmate's budget is each heuristic's measured step peak plus the parameters and batch.", "",
+                  "| model | method | measured peak | plain peak | measured | CPU | predicted |", "|---|---|---|---|---|---|---|"]
+        for r in compare:
+            if r.get("status") != "ok":
+                lines.append(f"| {r['model']} | {r['method']} | {r.get('status')} |  |  |  |  |")
+                continue
+            lines.append(f"| {r['model']} | {r['method']} | {mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
+                         f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {_fmt(r['measured_ratio'])} | "
+                         f"{_fmt(r['measured_cpu_ratio'])} | {_fmt(r['predicted_overhead'])} |")
+    return "\n".join(lines) + "\n"
+
+
+FINDINGS = "## Findings"
+
+
+def write_markdown(path: Path, tables: str) -> None:
+    """Write the tables, keeping a hand-written section headed ``## Findings`` of the earlier file."""
+    kept = ""
+    if path.exists():
+        old = path.read_text()
+        if FINDINGS in old:
+            kept = "\n" + old[old.index(FINDINGS):]
+    path.write_text(tables + kept)
+
+
 def check(rows: list[dict], tolerance: float, identity: float) -> list[str]:
     failures = []
     for row in rows:
@@ -369,7 +423,30 @@ def main(argv=None) -> int:
     p.add_argument("--max-identity-ratio", type=float, default=1.05)
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--label", default="wall_clock", help="file stem of the results")
+    p.add_argument("--table-only", action="store_true",
+                   help="rewrite the Markdown table (and run --check) from the CSVs of an earlier run")
     args = p.parse_args(argv)
+    if args.table_only:
+        import csv
+
+        def read(path):
+            if not path.exists():
+                return []
+            with open(path) as fh:
+                return [{k: (None if v == "" else v) for k, v in r.items()} for r in csv.DictReader(fh)]
+
+        rows = read(args.out / f"{args.label}.csv")
+        for r in rows:
+            for k in ("predicted_overhead", "measured_ratio", "ratio_error"):
+                if r.get(k) is not None:
+                    r[k] = float(r[k])
+        compare = read(args.out / f"{args.label}_compare.csv")
+        meta = json.loads((args.out / f"{args.label}.meta.json").read_text())
+        write_markdown(args.out / f"{args.label}.md", markdown(rows, compare, meta))
+        failures = check(rows, args.tolerance, args.max_identity_ratio) if args.check else []
+        for line in failures:
+            print(f"FIDELITY: {line}", file=sys.stderr)
+        return 1 if failures else 0
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in names if m not in MODELS]
     if unknown:
@@ -390,6 +467,7 @@ def main(argv=None) -> int:
             "device": device_description(), "seconds": round(time.time() - started, 1),
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
     (args.out / f"{args.label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_markdown(args.out / f"{args.label}.md", markdown(rows, compare, meta))
     if args.check:
         failures = check(rows, args.tolerance, args.max_identity_ratio)
         for line in failures:
