@@ -172,7 +172,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     if order not in ORDERS:
         raise InvalidArgumentError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
     if order == "auto":
-        order = "none" if int(schedule.recompute.sum()) == graph_n(lowered) else "total"
+        order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "total"
     graph = lowered.graph
     if schedule.n != graph.n:
         raise InvalidScheduleError(f"the schedule is for {schedule.n} nodes; the graph has {graph.n}")
@@ -578,10 +578,6 @@ class RematFunction:
             if shape_only or any(present(n) for n in names) or any(fused_into(n) for n in names):
                 counts[i] += 1
         return counts
-
-
-def graph_n(lowered: LoweredGraph) -> int:
-    return lowered.graph.n
 
 
 def generate(lowered: LoweredGraph, schedule: Schedule, order: str = "auto") -> RematFunction:
