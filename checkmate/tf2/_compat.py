@@ -33,6 +33,10 @@ def plan_preserving_optimizer() -> Iterator[None]:
     takes the options in force when it is made (they are part of its instantiation key); an option
     never set is restored to ``None`` (TF's default).
     """
+    if not PLAN_BREAKING_PASSES:
+        # setting options, even none, makes TF rebuild the options of every later function call
+        yield
+        return
     previous = tf.config.optimizer.get_experimental_options()
     tf.config.optimizer.set_experimental_options(dict(PLAN_BREAKING_PASSES))
     try:

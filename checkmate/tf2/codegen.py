@@ -14,14 +14,16 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   (or earlier: a value the plan holds until the end of a stage without using it dies at its last
   use). The anchors also make every copy differ from the others by a control input, so
   common-subexpression elimination cannot merge recomputations back (docs/design.md §6, trap 1).
-  ``order="total"`` (default) anchors every computation; ``order="partial"`` anchors only what
-  memory needs: the recomputations (which would otherwise run as soon as their inputs exist, holding
-  their values from then on) and the backward computations (which would otherwise run in whatever
-  order the executor picks, keeping the activations they read alive longer), and lets the first
-  forward computations run in dataflow order, parallel branches in parallel. Measured on this
-  project's test models the partial order peaks where the total one does (an order that anchored
-  only recomputations peaked 15-30% higher); it saves no measurable time on two shared CPU cores
-  (experiments/wall_clock.py), so the total order stays the default.
+  ``order="total"`` anchors every computation; ``order="partial"`` anchors only what memory needs:
+  the recomputations (which would otherwise run as soon as their inputs exist, holding their values
+  from then on) and the backward computations (which would otherwise run in whatever order the
+  executor picks, keeping the activations they read alive longer), and lets the first forward
+  computations run in dataflow order, parallel branches in parallel. Measured on this project's test
+  models the partial order peaks where the total one does (an order that anchored only
+  recomputations peaked 15-30% higher) but saves no measurable time on two shared CPU cores
+  (experiments/wall_clock.py), so plans that recompute run in the total order. A plan that
+  recomputes nothing gets no anchor at all (``order="none"``): it is then the plain step's graph,
+  and runs as the plain step does (the default, ``order="auto"``).
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
 ``tf.function``; captured variables are fed as ``tf.identity`` of their handles. The generated
@@ -156,17 +158,21 @@ def _check_acyclic(nodes: Sequence[Any]) -> None:
             f"order, e.g. {stuck[:3]}; an op outside every node depends on a node and feeds another")
 
 
-ORDERS = ("partial", "total")
+ORDERS = ("auto", "total", "partial", "none")
 
 
-def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "total") -> RewrittenGraph:
+def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "auto") -> RewrittenGraph:
     """Emit the GraphDef that executes ``schedule.plan`` (see the module docstring).
 
-    ``order="partial"`` anchors only the recomputations (copies ``k >= 1``) on the plan step before
-    them; ``"total"`` chains every computation, first ones included, in plan order.
+    ``order``: ``"total"`` anchors every computation on the plan step before it; ``"partial"`` only
+    the recomputations and the backward computations; ``"none"`` nothing (the plain step's graph
+    when nothing is recomputed); ``"auto"`` (default): ``"none"`` for a schedule that recomputes
+    nothing, else ``"total"``.
     """
     if order not in ORDERS:
         raise InvalidArgumentError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
+    if order == "auto":
+        order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "total"
     graph = lowered.graph
     if schedule.n != graph.n:
         raise InvalidScheduleError(f"the schedule is for {schedule.n} nodes; the graph has {graph.n}")
@@ -235,7 +241,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "t
                     raise InvalidScheduleError(
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
-            if (not has_inner_input and original.op not in SHAPE_OPS
+            if (not has_inner_input and original.op not in SHAPE_OPS and order != "none"
                     and (k > 0 or order == "total" or graph.backward[i])):
                 present = {t for t in rewired if t.startswith("^")}
                 rewired.extend(f"^{s}" for s in prev_sinks if f"^{s}" not in present)
@@ -574,7 +580,7 @@ class RematFunction:
         return counts
 
 
-def generate(lowered: LoweredGraph, schedule: Schedule, order: str = "total") -> RematFunction:
+def generate(lowered: LoweredGraph, schedule: Schedule, order: str = "auto") -> RematFunction:
     """Build the rematerializing step for ``schedule`` (which must be valid for ``lowered.graph``);
     ``order``: see :func:`rewrite_graph_def`."""
     return RematFunction(lowered, schedule, rewrite_graph_def(lowered, schedule, order))

@@ -503,6 +503,8 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     todo = [k for k, c in enumerate(costs) if c is None]
     estimated: set[int] = set()
     measured_keys: dict[str, float] = {}
+    raw: dict[str, tuple[float, float]] = {}
+    step_us: float | None = None
     if todo:
         calibration = calibrate(cache)
         guess = {k: estimate_cost(graph, node_ops[k], calibration) for k in todo}
@@ -533,9 +535,9 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                 except (tf.errors.OpError, ValueError, TypeError, KeyError):
                     continue     # a node that cannot run alone keeps its estimate
                 measured_keys[p.key] = max(MIN_TIME_US, median - overhead)
-                if cache is not None:
-                    cache.put(p.key, measured_keys[p.key], ops=p.summary, repeats=repeats, median_us=median,
-                              overhead_us=overhead)
+                raw[p.key] = (median, overhead)
+            step_us = _step_time_us(function, values, input_names, label_names, repeats, warmup) \
+                if values is not None else None
         finally:
             for h, _, value in snapshot:
                 tf.raw_ops.AssignVariableOp(resource=h, value=value)
@@ -547,10 +549,34 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
             else:
                 costs[k] = max(MIN_TIME_US, guess[k] * scale)
                 estimated.add(k)
+        # Each op also costs its scheduling inside the step, which a node timed alone does not show
+        # (the call overhead subtracted above is the function's, not its ops'): the plain step's time
+        # beyond the nodes' sum is shared out per op, so that a recomputation of many small ops (a
+        # LayerNormalization) costs what it adds to the step.
+        launch_us = 0.0
+        if step_us is not None:
+            ops_total = sum(len(ops) for ops in node_ops)
+            launch_us = max(0.0, step_us - _call_overhead_us(repeats, warmup) - sum(costs)) / max(1, ops_total)
+        for k in todo:
+            costs[k] += launch_us * len(node_ops[k])
+            key = programs[k].key
+            if cache is not None and key in measured_keys:
+                median, call_us = raw[key]
+                cache.put(key, costs[k], ops=programs[k].summary, repeats=repeats, median_us=median,
+                          overhead_us=call_us, step_launch_us_per_op=launch_us)
         if cache is not None:
             cache.save()
     return ProfileResult([float(c) for c in costs], hits, len(todo), str(cache.path) if cache else None,
                          estimated=len(estimated))
+
+
+def _step_time_us(function, values: dict, input_names, label_names, repeats: int, warmup: int) -> float | None:
+    """Robust median time of the whole plain step on the recorded batch (None if it cannot run)."""
+    try:
+        args = [values[f"{name}:0"] for name in (*input_names, *label_names)]
+        return _time_us(lambda *a: function(*a), args, repeats, warmup)
+    except (tf.errors.OpError, ValueError, TypeError, KeyError):
+        return None
 
 
 def _record_inputs(function, graph_def, programs, todo, input_names, label_names, batch, seed) -> dict:

@@ -313,12 +313,17 @@ def test_layers_split_for_their_workspace_run_and_match_the_plain_step():
 
 
 def test_checkpoint_all_emits_no_copies():
+    """A plan that recomputes nothing is the plain step's graph: same ops, same inputs, no anchor."""
     model, loss, xs, ys = mlp_model(batch=8, width=8, depth=2)
     lowered = lower(model, loss, xs, ys, level="op")
     rewritten = rewrite_graph_def(lowered, checkpoint_all_schedule(lowered.graph))
     assert set(rewritten.copies) == {1}
     names = [nd.name for nd in rewritten.graph_def.node]
     assert len(names) == len(set(names)) == len(lowered.function.graph.as_graph_def().node)
+    plain = {nd.name: list(nd.input) for nd in lowered.function.graph.as_graph_def().node}
+    assert {nd.name: list(nd.input) for nd in rewritten.graph_def.node} == plain
+    total = rewrite_graph_def(lowered, checkpoint_all_schedule(lowered.graph), order="total")
+    assert {nd.name: list(nd.input) for nd in total.graph_def.node} != plain
 
 
 def test_recomputation_copies_are_anchored_on_the_plan_order():
@@ -394,7 +399,7 @@ def test_partial_order_anchors_recomputations_and_backward_only():
         anchored[must] += 1
     assert anchored[True] and anchored[False]
     with pytest.raises(Exception, match="unknown order"):
-        rewrite_graph_def(lowered, schedule, order="none")
+        rewrite_graph_def(lowered, schedule, order="sideways")
 
 
 def test_plan_that_reads_a_freed_value_is_rejected():

@@ -66,6 +66,9 @@ def test_profile_cache_miss_then_hit(tmp_path):
     assert data["format"] == profiling.PROFILE_FORMAT
     assert data["device"] == profiling.device_description()
     assert all(isinstance(e["time_us"], float) for e in data["entries"].values())
+    # each measured node carries its ops' share of the plain step's scheduling time
+    assert all(e["step_launch_us_per_op"] >= 0 for e in data["entries"].values())
+    assert all(e["time_us"] >= e["median_us"] - e["overhead_us"] - 1e-6 for e in data["entries"].values())
     assert not list(tmp_path.glob(".*.tmp"))
 
     second = lower(model, XENT, *specs(), level="layer", cost_model="profile", profile_options=opts, progress=False)

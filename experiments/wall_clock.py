@@ -1,0 +1,480 @@
+"""Predicted against measured step time, and checkmate against the heuristics users would pick instead.
+
+Four models that no test or other experiment uses (a decoder-only transformer, a residual MLP, a
+diffusion-style U-Net with GroupNorm/SiLU and skip concatenations, a residual CNN), each compiled by
+``checkmate.tf2.compile`` with a budget only (every other argument at its default: profiled costs,
+``strategy="auto"``). For each budget the compiled step's gradients are timed against the plain
+traced ``tf.GradientTape`` step (Grappler on, as users run it), interleaved in one process, median of
+``--repeats`` (CompiledStep.measure_time); the predicted overhead is the schedule's cost over the
+plain cost in the profiled costs. ``100%`` is ``checkpoint_all`` (nothing recomputed).
+
+``--compare`` adds, per model, what users would otherwise use, each timed interleaved with the plain
+step and measured for its step peak (bytes allocated above the parameters and batch):
+
+* ``keras.RematScope(mode="activations")`` (the model built inside the scope; in Keras 3 on
+  TensorFlow only this mode runs inside a ``tf.function``);
+* ``tf.recompute_grad`` around each block (models made of a chain of blocks);
+* ``chen_sqrtn`` (checkmate's baseline, through the same code generator);
+* checkmate at each heuristic's measured step peak (plus the parameters and batch) as its budget.
+
+``--check`` is the fidelity check: it exits with status 1 when checkpoint_all costs more than
+``--max-identity-ratio`` (1.05) times the plain step, or when a measured ratio at a budget below 100%
+is more than ``--tolerance`` (8%) away from the predicted overhead. Results go to
+experiments/results/wall_clock.csv (and wall_clock_compare.csv) with the command in the .meta.json.
+
+    python experiments/wall_clock.py --compare --check
+    python experiments/wall_clock.py --models resmlp --budgets 100%,50% --repeats 9 --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")   # byte-exact CPU allocator statistics
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from common import write_csv  # noqa: E402
+
+RESULTS = HERE / "results"
+DEFAULT_BUDGETS = ("100%", "70%", "50%")
+FIELDS = ["model", "nodes", "budget", "strategy", "predicted_overhead", "measured_ratio", "measured_cpu_ratio",
+          "ratio_error", "predicted_step_peak_bytes", "measured_step_peak_bytes", "plain_step_peak_bytes",
+          "step_ms", "plain_ms", "recomputations", "cost_model", "compile_s", "status"]
+COMPARE_FIELDS = ["model", "method", "budget_bytes", "measured_step_peak_bytes", "plain_step_peak_bytes",
+                  "measured_ratio", "measured_cpu_ratio", "predicted_overhead", "step_ms", "plain_ms", "status"]
+
+
+# ------------------------------------------------------------------------------------------ models
+def _keras():
+    import keras
+    return keras
+
+
+def _seq(*layers_):
+    """A block as a function of a tensor, calling ``layers_`` in turn (shared by the functional model
+    and the tf.recompute_grad chain, so both use the same variables)."""
+    def apply(h, training=None):
+        for layer in layers_:
+            h = layer(h, training=training)
+        return h
+    return apply
+
+
+def _residual(inner, *post):
+    def apply(h, training=None):
+        out = h + inner(h, training=training)
+        for layer in post:
+            out = layer(out, training=training)
+        return out
+    return apply
+
+
+def decoder_transformer(batch=8, seq=64, width=64, heads=4, blocks=6, vocab=96):
+    """Decoder-only transformer: causal self-attention and GELU feed-forward blocks, pre-norm."""
+    keras = _keras()
+    layers = keras.layers
+    keras.utils.set_random_seed(1)
+
+    def block(b):
+        ln1 = layers.LayerNormalization(name=f"b{b}_ln1")
+        attn = layers.MultiHeadAttention(heads, width // heads, name=f"b{b}_attn")
+        ln2 = layers.LayerNormalization(name=f"b{b}_ln2")
+        ff1 = layers.Dense(4 * width, activation="gelu", name=f"b{b}_ff1")
+        ff2 = layers.Dense(width, name=f"b{b}_ff2")
+
+        def apply(x, training=None):
+            h = ln1(x)
+            x = x + attn(h, h, use_causal_mask=True, training=training)
+            return x + ff2(ff1(ln2(x)))
+        return apply
+
+    chain = ([_seq(layers.Dense(width, name="embed"))] + [block(b) for b in range(blocks)]
+             + [_seq(layers.LayerNormalization(name="ln_f"), layers.Dense(vocab, name="logits"))])
+    import tensorflow as tf
+    return chain, (tf.TensorSpec((batch, seq, width)), tf.TensorSpec((batch, seq), tf.int32)), vocab
+
+
+def residual_mlp(batch=2048, width=128, blocks=16, classes=10):
+    keras = _keras()
+    layers = keras.layers
+    keras.utils.set_random_seed(2)
+
+    def block(b):
+        return _residual(_seq(layers.LayerNormalization(name=f"b{b}_ln"),
+                              layers.Dense(2 * width, activation="relu", name=f"b{b}_up"),
+                              layers.Dense(width, name=f"b{b}_down")))
+
+    chain = ([_seq(layers.Dense(width, name="stem"))] + [block(b) for b in range(blocks)]
+             + [_seq(layers.Dense(classes, name="logits"))])
+    import tensorflow as tf
+    return chain, (tf.TensorSpec((batch, 64)), tf.TensorSpec((batch,), tf.int32)), classes
+
+
+def residual_cnn(batch=16, size=32, filters=32, blocks=6, classes=10):
+    keras = _keras()
+    layers = keras.layers
+    keras.utils.set_random_seed(3)
+
+    def block(b):
+        return _residual(_seq(layers.Conv2D(filters, 3, padding="same", activation="relu", name=f"b{b}_c1"),
+                              layers.Conv2D(filters, 3, padding="same", name=f"b{b}_c2"),
+                              layers.BatchNormalization(name=f"b{b}_bn")),
+                         layers.Activation("relu", name=f"b{b}_out"))
+
+    chain = ([_seq(layers.Conv2D(filters, 3, padding="same", name="stem"))] + [block(b) for b in range(blocks)]
+             + [_seq(layers.GlobalAveragePooling2D(name="gap"), layers.Dense(classes, name="logits"))])
+    import tensorflow as tf
+    return chain, (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch,), tf.int32)), classes
+
+
+def diffusion_unet(batch=4, size=32, base=16, levels=3, classes=3):
+    """Diffusion-style U-Net: GroupNorm + SiLU residual conv blocks, downsampling, long skip
+    concatenations into the decoder; per-pixel logits. Not a chain of blocks (no tf.recompute_grad row)."""
+    keras = _keras()
+    layers = keras.layers
+    keras.utils.set_random_seed(4)
+    inp = keras.Input((size, size, 3), name="image")
+
+    def res_block(x, ch, name):
+        h = layers.GroupNormalization(groups=4, name=f"{name}_gn1")(x)
+        h = layers.Activation("silu", name=f"{name}_act1")(h)
+        h = layers.Conv2D(ch, 3, padding="same", name=f"{name}_conv1")(h)
+        h = layers.GroupNormalization(groups=4, name=f"{name}_gn2")(h)
+        h = layers.Activation("silu", name=f"{name}_act2")(h)
+        h = layers.Conv2D(ch, 3, padding="same", name=f"{name}_conv2")(h)
+        if x.shape[-1] != ch:
+            x = layers.Conv2D(ch, 1, name=f"{name}_skip")(x)
+        return layers.Add(name=f"{name}_add")([x, h])
+
+    x = layers.Conv2D(base, 3, padding="same", name="stem")(inp)
+    skips = []
+    for d in range(levels):
+        x = res_block(x, base * 2 ** d, f"down{d}")
+        skips.append(x)
+        if d < levels - 1:
+            x = layers.Conv2D(base * 2 ** d, 3, strides=2, padding="same", name=f"down{d}_pool")(x)
+    x = res_block(x, base * 2 ** (levels - 1), "mid")
+    for d in reversed(range(levels)):
+        if d < levels - 1:
+            x = layers.UpSampling2D(name=f"up{d}_upsample")(x)
+        x = layers.Concatenate(name=f"up{d}_concat")([x, skips[d]])
+        x = res_block(x, base * 2 ** d, f"up{d}")
+    x = layers.GroupNormalization(groups=4, name="out_gn")(x)
+    x = layers.Activation("silu", name="out_act")(x)
+    out = layers.Conv2D(classes, 1, name="logits")(x)
+    import tensorflow as tf
+    model = keras.Model(inp, out, name="diffusion_unet")
+    return [model], (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch, size, size), tf.int32)), classes
+
+
+MODELS = {"transformer": decoder_transformer, "resmlp": residual_mlp, "unet": diffusion_unet, "cnn": residual_cnn}
+
+
+def build(name: str, remat_scope: bool = False):
+    """(one flat Keras model, its chain of blocks, input spec, label spec, classes). ``remat_scope``:
+    built inside ``keras.RematScope(mode="activations")``."""
+    import contextlib
+
+    keras = _keras()
+    with keras.RematScope(mode="activations") if remat_scope else contextlib.nullcontext():
+        chain, (xs, ys), classes = MODELS[name]()
+        if len(chain) == 1 and isinstance(chain[0], keras.Model):
+            model = chain[0]
+        else:
+            inp = keras.Input(xs.shape[1:])
+            h = inp
+            for part in chain:
+                h = part(h)
+            model = keras.Model(inp, h, name=name)
+    return model, chain, xs, ys, classes
+
+
+# ------------------------------------------------------------------------------------------ steps
+def loss_fn():
+    return _keras().losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def tape_step(model, loss, recompute_chain=None):
+    """The plain traced step users write (Grappler on): loss and gradients under a GradientTape;
+    ``recompute_chain``: the blocks, each wrapped in ``tf.recompute_grad``."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            if recompute_chain is None:
+                pred = model(x, training=True)
+            else:
+                pred = x
+                for k, part in enumerate(recompute_chain):
+                    # stem and head run plainly; every block's activations are recomputed
+                    wrap = 0 < k < len(recompute_chain) - 1
+                    pred = tf.recompute_grad(lambda t, p=part: p(t, training=True))(pred) if wrap else \
+                        part(pred, training=True)
+            value = loss(y, pred)
+        return (value, *tape.gradient(value, variables))
+
+    return step
+
+
+def random_batch(xs, ys, classes, seed=0):
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(seed)
+    x = tf.constant(rng.standard_normal(xs.shape.as_list()), xs.dtype)
+    y = tf.constant(rng.integers(0, classes, size=ys.shape.as_list()), ys.dtype)
+    return x, y
+
+
+def step_peak(fn, *args):
+    from checkmate.tf2.memory import measure_step
+
+    return int(measure_step(fn, *args).peak_bytes)
+
+
+# ------------------------------------------------------------------------------------------ runs
+def run_budgets(name: str, budgets, repeats: int, time_limit_s=None) -> list[dict]:
+    import checkmate.tf2 as ct
+    from checkmate.tf2.step import cost_model_description
+
+    keras = _keras()
+    model, _, xs, ys, classes = build(name)
+    x, y = random_batch(xs, ys, classes)
+    loss = loss_fn()
+    plain_peak = None
+    rows = []
+    for budget in budgets:
+        row = {"model": name, "budget": budget}
+        options = {"strategy": "checkpoint_all"} if budget == "100%" else (
+            {"time_limit_s": time_limit_s} if time_limit_s else {})
+        started = time.perf_counter()
+        try:
+            step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget, **options)
+        except Exception as exc:    # an infeasible budget is a result of the table, not a crash
+            row.update(status=f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            rows.append(row)
+            print(f"{name} {budget}: {row['status']}", flush=True)
+            continue
+        row["compile_s"] = round(time.perf_counter() - started, 2)
+        if plain_peak is None:
+            plain_peak = step_peak(step.lowered.function, x, y)
+        measured = step.measure_time(x, y, repeats=repeats)
+        ratio = measured.ratio
+        predicted = step.predicted.overhead
+        row.update(nodes=step.graph.n, strategy=step.strategy,
+                   predicted_overhead=round(predicted, 4), measured_ratio=round(ratio, 4),
+                   measured_cpu_ratio=round(measured.cpu_ratio, 4) if measured.cpu_ratio else None,
+                   ratio_error=round(ratio / predicted - 1.0, 4),
+                   predicted_step_peak_bytes=step.predicted.step_peak_bytes,
+                   measured_step_peak_bytes=step_peak(step.function.call_flat, x, y),
+                   plain_step_peak_bytes=plain_peak, step_ms=round(measured.step_seconds * 1e3, 3),
+                   plain_ms=round(measured.plain_seconds * 1e3, 3), recomputations=step.predicted.recompute_count,
+                   cost_model=cost_model_description(step.lowered), status="ok")
+        rows.append(row)
+        print(f"{name} {budget}: predicted {predicted:.3f}x measured {ratio:.3f}x (cpu {measured.cpu_ratio:.3f}x) "
+              f"peak {row['measured_step_peak_bytes'] / 2 ** 20:.1f} MiB of plain {plain_peak / 2 ** 20:.1f} MiB "
+              f"[{row['compile_s']} s compile, {step.graph.n} nodes]", flush=True)
+    return rows
+
+
+def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
+    """The heuristics, then checkmate at each one's measured step peak (plus parameters and batch)."""
+    import checkmate.tf2 as ct
+    from checkmate.tf2.measure import interleaved_times
+    from checkmate.tf2.step import resident_bytes
+
+    keras = _keras()
+    loss = loss_fn()
+    model, chain, xs, ys, classes = build(name)
+    x, y = random_batch(xs, ys, classes)
+    plain = tape_step(model, loss)
+    plain_peak = step_peak(plain, x, y)
+    rows = []
+
+    def record(method, fn, budget_bytes=None, predicted=None):
+        (t, base), (c, cbase) = interleaved_times([fn, plain], x, y, repeats=repeats)
+        row = {"model": name, "method": method, "budget_bytes": budget_bytes,
+               "measured_step_peak_bytes": step_peak(fn, x, y), "plain_step_peak_bytes": plain_peak,
+               "measured_ratio": round(t / base, 4), "measured_cpu_ratio": round(c / cbase, 4),
+               "predicted_overhead": None if predicted is None else round(predicted, 4),
+               "step_ms": round(t * 1e3, 3), "plain_ms": round(base * 1e3, 3), "status": "ok"}
+        rows.append(row)
+        print(f"{name} {method}: peak {row['measured_step_peak_bytes'] / 2 ** 20:.1f} MiB "
+              f"(plain {plain_peak / 2 ** 20:.1f}), time {row['measured_ratio']:.3f}x (cpu {row['measured_cpu_ratio']:.3f}x)"
+              + (f", predicted {predicted:.3f}x" if predicted is not None else ""), flush=True)
+        return row
+
+    heuristics = []
+    scoped, _, _, _, _ = build(name, remat_scope=True)
+    scoped.set_weights(model.get_weights())
+    heuristics.append(record("keras.RematScope(activations)", tape_step(scoped, loss)))
+    if len(chain) > 2:
+        heuristics.append(record("tf.recompute_grad per block", tape_step(model, loss, recompute_chain=chain)))
+    chen = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget="100%", strategy="chen_sqrtn")
+    heuristics.append(record("chen_sqrtn", chen.function.call_flat, predicted=chen.predicted.overhead))
+    resident = resident_bytes(chen.lowered)
+    for h in heuristics:
+        budget = int(h["measured_step_peak_bytes"] + resident)
+        method = f"checkmate at {h['method']}'s peak"
+        try:
+            step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget,
+                              **({"time_limit_s": time_limit_s} if time_limit_s else {}))
+        except Exception as exc:
+            rows.append({"model": name, "method": method, "budget_bytes": budget,
+                         "status": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"})
+            print(f"{name} {method}: {rows[-1]['status']}", flush=True)
+            continue
+        record(method, step.function.call_flat, budget, step.predicted.overhead)
+    return rows
+
+
+def _fmt(value, pattern="{:.3f}x") -> str:
+    if value in (None, ""):
+        return "-"
+    return pattern.format(float(value))
+
+
+def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
+    """The results as Markdown tables (written beside the CSVs)."""
+    mib = "{:.1f}"
+    lines = ["# Predicted against measured step time", "",
+             f"Command: `{meta['command']}`  ", f"Device: {meta['device']}; started {meta['started']} UTC, "
+             f"{meta['seconds']:.0f} s.", "",
+             "Ratios are to the plain traced GradientTape step (Grappler on), interleaved in one process, "
+             "median of the repeats; CPU is the same ratio in process CPU time (robust to other processes "
+             "on a shared machine). Peaks are step peaks in MiB (above parameters and batch).", "",
+             "| model | budget | strategy | nodes | predicted | measured | CPU | error | peak (pred.) | peak (meas.) "
+             "| plain peak | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("status") != "ok":
+            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |")
+            continue
+        lines.append(
+            f"| {r['model']} | {r['budget']} | {r['strategy']} | {r['nodes']} | {_fmt(r['predicted_overhead'])} | "
+            f"{_fmt(r['measured_ratio'])} | {_fmt(r['measured_cpu_ratio'])} | {_fmt(r['ratio_error'], '{:+.1%}')} | "
+            f"{mib.format(float(r['predicted_step_peak_bytes']) / 2 ** 20)} | "
+            f"{mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
+            f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {r['compile_s']} |")
+    if compare:
+        lines += ["", "## Against the heuristics, at the same measured memory", "",
+                  "Checkmate's budget is each heuristic's measured step peak plus the parameters and batch.", "",
+                  "| model | method | measured peak | plain peak | measured | CPU | predicted |", "|---|---|---|---|---|---|---|"]
+        for r in compare:
+            if r.get("status") != "ok":
+                lines.append(f"| {r['model']} | {r['method']} | {r.get('status')} |  |  |  |  |")
+                continue
+            lines.append(f"| {r['model']} | {r['method']} | {mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
+                         f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {_fmt(r['measured_ratio'])} | "
+                         f"{_fmt(r['measured_cpu_ratio'])} | {_fmt(r['predicted_overhead'])} |")
+    return "\n".join(lines) + "\n"
+
+
+FINDINGS = "## Findings"
+
+
+def write_markdown(path: Path, tables: str) -> None:
+    """Write the tables, keeping a hand-written section headed ``## Findings`` of the earlier file."""
+    kept = ""
+    if path.exists():
+        old = path.read_text()
+        if FINDINGS in old:
+            kept = "\n" + old[old.index(FINDINGS):]
+    path.write_text(tables + kept)
+
+
+def check(rows: list[dict], tolerance: float, identity: float) -> list[str]:
+    failures = []
+    for row in rows:
+        if row.get("status") != "ok":
+            continue
+        where = f"{row['model']} at {row['budget']}"
+        if row["budget"] == "100%":
+            if row["measured_ratio"] > identity:
+                failures.append(f"{where}: checkpoint_all runs at {row['measured_ratio']:.3f}x the plain step "
+                                f"(bar {identity:.2f}x)")
+        elif abs(row["ratio_error"]) > tolerance:
+            failures.append(f"{where}: measured {row['measured_ratio']:.3f}x, predicted "
+                            f"{row['predicted_overhead']:.3f}x ({row['ratio_error']:+.1%}, bar {tolerance:.0%})")
+    return failures
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--budgets", default=",".join(DEFAULT_BUDGETS))
+    p.add_argument("--repeats", type=int, default=15)
+    p.add_argument("--time-limit", type=float, default=None, metavar="S",
+                   help="the solver's time limit per compile (default: checkmate's own default)")
+    p.add_argument("--compare", action="store_true", help="also the heuristics, at the same measured memory")
+    p.add_argument("--check", action="store_true", help="exit 1 when predicted and measured time drift apart")
+    p.add_argument("--tolerance", type=float, default=0.08)
+    p.add_argument("--max-identity-ratio", type=float, default=1.05)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--label", default="wall_clock", help="file stem of the results")
+    p.add_argument("--table-only", action="store_true",
+                   help="rewrite the Markdown table (and run --check) from the CSVs of an earlier run")
+    args = p.parse_args(argv)
+    if args.table_only:
+        import csv
+
+        def read(path):
+            if not path.exists():
+                return []
+            with open(path) as fh:
+                return [{k: (None if v == "" else v) for k, v in r.items()} for r in csv.DictReader(fh)]
+
+        rows = read(args.out / f"{args.label}.csv")
+        for r in rows:
+            for k in ("predicted_overhead", "measured_ratio", "ratio_error"):
+                if r.get(k) is not None:
+                    r[k] = float(r[k])
+        compare = read(args.out / f"{args.label}_compare.csv")
+        meta = json.loads((args.out / f"{args.label}.meta.json").read_text())
+        write_markdown(args.out / f"{args.label}.md", markdown(rows, compare, meta))
+        failures = check(rows, args.tolerance, args.max_identity_ratio) if args.check else []
+        for line in failures:
+            print(f"FIDELITY: {line}", file=sys.stderr)
+        return 1 if failures else 0
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in names if m not in MODELS]
+    if unknown:
+        p.error(f"unknown model(s) {unknown}: expected some of {', '.join(MODELS)}")
+    budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+    started = time.time()
+    rows, compare = [], []
+    for name in names:
+        rows += run_budgets(name, budgets, args.repeats, args.time_limit)
+        if args.compare:
+            compare += run_compare(name, args.repeats, args.time_limit)
+    write_csv(args.out / f"{args.label}.csv", rows, FIELDS)
+    if compare:
+        write_csv(args.out / f"{args.label}_compare.csv", compare, COMPARE_FIELDS)
+    from checkmate.tf2.profiling import device_description
+
+    meta = {"command": "python experiments/wall_clock.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "device": device_description(), "seconds": round(time.time() - started, 1),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
+    (args.out / f"{args.label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    write_markdown(args.out / f"{args.label}.md", markdown(rows, compare, meta))
+    if args.check:
+        failures = check(rows, args.tolerance, args.max_identity_ratio)
+        for line in failures:
+            print(f"FIDELITY: {line}", file=sys.stderr)
+        return 1 if failures else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
