@@ -23,13 +23,22 @@ from checkmate.solvers.types import SolveOptions, StrategyOutput, relative_gap, 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES"]
+__all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP"]
 
 # Up to this many nodes the flat MILP proves optima in seconds to a few minutes on the papers' graphs
 # (152-node 12-block transformer: optimal in 27 s); beyond, its O(n^2) model is far slower than the
 # hierarchical strategy (experiments/scale.py: at 326-1262 nodes it keeps a baseline's 1.20x within
 # 120 s where the hierarchical strategy finds 1.06x).
 AUTO_MILP_MAX_NODES = 160
+# Long skips (a U-Net's concatenations, a dense block's) cross every cut the hierarchical strategy can
+# make, so its plan can be far from optimal or refuse budgets that fit. Up to this many nodes the flat
+# MILP then gets the time left: a 326-node diffusion-style U-Net (tests/test_auto_skips.py), which
+# the hierarchical strategy refused at 50% of its checkpoint-all peak, is solved by it.
+AUTO_FLAT_FALLBACK_MAX_NODES = 700
+# The hierarchical plan is good enough when it is within this share of its proven lower bound.
+AUTO_TARGET_GAP = 0.02
+# The fallback is not started with less time left than this.
+AUTO_FALLBACK_MIN_SECONDS = 5.0
 # The baselines that form the floor: the budget-aware ones search their whole family for the budget.
 FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "griewank_logn", "checkpoint_last_node")
 
@@ -72,6 +81,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     best_floor = min(results, key=lambda r: r[0]) if results else None
     if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
         attempt(main, replace(options, time_limit_s=left))
+        if main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main):
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is None or left >= AUTO_FALLBACK_MIN_SECONDS:
+                _logger.info("auto: the hierarchical plan is missing or not within %.0f%% of its bound: flat MILP "
+                             "with the time left", 100 * AUTO_TARGET_GAP)
+                attempt("checkmate_milp", replace(options, time_limit_s=left))
     if not results:
         minimum = min(minimums) if minimums else None
         raise InfeasibleBudgetError(
@@ -90,3 +105,13 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         status += f"; {within_words(relative_gap(cost, lower))}"
     return StrategyOutput(out.schedule, lower_bound=lower, optimal=optimal, status=status,
                           solver=out.solver)
+
+
+def _short_of_target(graph: "Graph", results: list, main: str) -> bool:
+    """Whether ``main`` found no schedule, or one further than :data:`AUTO_TARGET_GAP` from its bound."""
+    found = [r for r in results if r[1] == main]
+    if not found:
+        return True
+    cost, _, out = found[0]
+    lower = out.lower_bound if out.lower_bound is not None else graph.total_cost
+    return relative_gap(cost, lower) > AUTO_TARGET_GAP
