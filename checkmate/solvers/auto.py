@@ -32,15 +32,20 @@ __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBAC
 AUTO_MILP_MAX_NODES = 160
 # Long skips (a U-Net's concatenations, a dense block's) cross every cut the hierarchical strategy can
 # make, so its plan can be far from optimal or refuse budgets that fit. Up to this many nodes the flat
-# MILP then gets the time left: a 326-node diffusion-style U-Net (tests/test_auto_skips.py), which
-# the hierarchical strategy refused at 50% of its checkpoint-all peak, is solved by it.
-AUTO_FLAT_FALLBACK_MAX_NODES = 700
+# MILP then gets the time left (a 161-node BERT's hierarchical plan is within 6-9% of its bound).
+# Beyond, the flat MILP overran its time limit: on a 326-node diffusion-style U-Net
+# (tests/test_auto_skips.py) it was still building and solving 3.5 minutes into a 2-minute limit.
+AUTO_FLAT_FALLBACK_MAX_NODES = 2 * AUTO_MILP_MAX_NODES
 # The hierarchical plan is good enough when it is within this share of its proven lower bound.
 AUTO_TARGET_GAP = 0.02
 # The fallback is not started with less time left than this.
 AUTO_FALLBACK_MIN_SECONDS = 5.0
 # The baselines that form the floor: the budget-aware ones search their whole family for the budget.
-FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "griewank_logn", "checkpoint_last_node")
+# The linearized Chen greedy treats the forward pass as a chain of the values crossing each position:
+# on a U-Net it fits budgets the others refuse (a 326-node diffusion-style U-Net at 50% of its
+# checkpoint-all peak, where only the flat MILP, after minutes, found anything else).
+FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "chen_greedy_linearized", "griewank_logn",
+                    "checkpoint_last_node")
 
 _logger = logging.getLogger("checkmate")
 

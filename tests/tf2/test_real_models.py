@@ -158,4 +158,6 @@ def test_layer_level_keeps_a_nested_backbone_in_one_node():
     assert auto.graph.n > 4 * layer.graph.n
     # attention's own ops (scores, softmax) are nodes; its dense sublayers are layer nodes
     assert any("self_attention/query" in n for n in auto.graph.names)
-    assert checkpoint_all_peak(auto.graph) <= checkpoint_all_peak(layer.graph)
+    # the one-node backbone hides its activations inside one node; auto's nodes show them to the plan
+    forward = lambda g: int(g.mem[~g.backward].sum())
+    assert forward(auto.graph) > 1.5 * forward(layer.graph)
