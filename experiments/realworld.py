@@ -45,7 +45,9 @@ BATCH = 8
 SEQUENCE = 128
 IMAGE = 64
 CLASSES = 10
-VOCAB = 1000
+VOCAB = 2000
+# transformer width: large enough that a step's compute, not its dispatch, sets the epoch time
+HIDDEN = 256
 
 FIELDS = ["model", "kind", "parameters", "budget", "nodes", "level", "split_layers", "compile_seconds",
           "strategy_status", "overhead_at_budget", "overhead_50pct_activations", "overhead_25pct_activations",
@@ -62,29 +64,29 @@ def _hub():
 
 def gpt2():
     hub = _hub()
-    backbone = hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=128,
-                                       intermediate_dim=512, max_sequence_length=SEQUENCE)
+    backbone = hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                       intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
     return hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
 
 
 def llama():
     hub = _hub()
     backbone = hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=4,
-                                        num_key_value_heads=2, hidden_dim=128, intermediate_dim=256)
+                                        num_key_value_heads=2, hidden_dim=HIDDEN, intermediate_dim=2 * HIDDEN)
     return hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
 
 def bert():
     hub = _hub()
-    backbone = hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=128,
-                                       intermediate_dim=512, max_sequence_length=SEQUENCE)
+    backbone = hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                       intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
     return hub.models.BertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
 
 
 def vit():
     hub = _hub()
     backbone = hub.models.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2, num_heads=4,
-                                      hidden_dim=128, mlp_dim=256)
+                                      hidden_dim=HIDDEN, mlp_dim=2 * HIDDEN)
     return hub.models.ViTImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
 
 
@@ -249,7 +251,7 @@ def write_markdown(path: Path, rows: list[dict], command: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default=",".join(MODELS))
-    p.add_argument("--epochs", type=int, default=3, help="timed epochs of each (interleaved; median)")
+    p.add_argument("--epochs", type=int, default=4, help="timed epochs of each (interleaved; median)")
     p.add_argument("--steps", type=int, default=6, help="batches per epoch")
     p.add_argument("--time-limit", type=float, default=60.0, help="time limit of the activation-share solves (s)")
     p.add_argument("--out", type=Path, default=RESULTS)
