@@ -410,6 +410,8 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         if minimum is None:
             minimum = minimum_feasible_budget(lowered.graph, strategy, solver=solver, time_limit_s=time_limit_s,
                                               **solve_options)
+        # a relative budget is planned as given: the same share of the reference is the minimum to give
+        share = describe_fraction(int(minimum), lowered.graph, budget).lstrip(", ")
         minimum = _user_budget_for(int(minimum), resident, allocator_headroom)
         headroom_note = "" if planned == budget_bytes else (
             f", planned for {format_bytes(planned)} to leave {allocator_headroom:.0%} of the step's memory "
@@ -417,8 +419,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         raise InfeasibleBudgetError(
             f"{strategy}: no schedule of {lowered.graph.name} fits in {format_bytes(budget_bytes)} "
             f"({budget_bytes} bytes{describe_fraction(budget_bytes, lowered.graph, budget)}{headroom_note}); "
-            f"minimum feasible budget: {format_bytes(minimum)} "
-            f"({minimum} bytes{describe_fraction(minimum, lowered.graph, budget)})",
+            f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes)" + (f", or {share}" if share else ""),
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")

@@ -161,3 +161,24 @@ def test_layer_level_keeps_a_nested_backbone_in_one_node():
     # the one-node backbone hides its activations inside one node; auto's nodes show them to the plan
     forward = lambda g: int(g.mem[~g.backward].sum())
     assert forward(auto.graph) > 1.5 * forward(layer.graph)
+
+
+def test_infeasible_activation_budget_names_the_minimum_in_bytes_and_activations():
+    from checkmate.budgets import activation_reference
+    from checkmate.tf2.step import compile_lowered
+
+    model = gpt2(True)
+    x, y, _ = token_batches(True, None)
+    spec = lambda a: tf.TensorSpec((BATCH,) + a.shape[1:], tf.as_dtype(a.dtype))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    lowered = checkmate.tf2.lower(model, loss, tf.nest.map_structure(spec, x), spec(y), level="auto",
+                                  gradient_nodes=True)
+    with pytest.raises(checkmate.InfeasibleBudgetError) as info:
+        compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.1), budget="1% activations",
+                        strategy="checkpoint_all")
+    floor, activations = activation_reference(lowered.graph)
+    minimum = info.value.min_feasible_budget_bytes
+    # in bytes, the minimum leaves the allocator's headroom above what the plan needs
+    assert minimum >= checkpoint_all_peak(lowered.graph) == floor + activations
+    assert f"({minimum} bytes), or 100.0% of the activations" in str(info.value)
+    assert "1.0% of the activations" in str(info.value)
