@@ -203,10 +203,6 @@ class RematModel(keras.Model):
                 kwargs = losses.compile_arguments_of(self.inner) or {}
                 loss, optimizer = kwargs.pop("loss", None), kwargs.pop("optimizer", None)
                 kwargs["jit_compile"] = False
-            if kwargs.get("loss_weights") is not None:
-                # the step's loss sums the outputs' losses unweighted (checkmate.tf2.compile's loss)
-                raise InvalidArgumentError("RematModel.compile does not support loss_weights: scale the "
-                                           "losses themselves")
             self._steps = {}
             self._main_batch = None
             if getattr(self.inner, "output_names", None):

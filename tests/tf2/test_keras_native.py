@@ -79,8 +79,6 @@ def test_fit_evaluate_predict_metrics_and_callbacks_as_keras(tmp_path):
     np.testing.assert_allclose(trainer.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(trainer.evaluate(x, y, verbose=0), model.evaluate(x, y, verbose=0), rtol=1e-4)
     assert trainer.compiled_step().strategy == "checkpoint_all"
-    with pytest.raises(checkmate.errors.InvalidArgumentError, match="loss_weights"):
-        trainer.compile(keras.optimizers.SGD(0.1), LOSS, loss_weights=[2.0])
 
 
 def test_save_load_weights_and_export(tmp_path):
