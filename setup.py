@@ -44,6 +44,8 @@ setup(
             "gurobipy>=11.0",
             # the sweep's Ray executor is tested against a local Ray instance (two CPUs, no dashboard)
             "ray>=2.9",
+            # real-model tests: KerasHub tasks at small random-init configurations (no download)
+            "keras-hub>=0.32",
         ],
     },
     entry_points={"console_scripts": ["checkmate=checkmate.cli:main"]},

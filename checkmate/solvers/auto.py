@@ -25,13 +25,33 @@ from checkmate.solvers.types import SolveOptions, StrategyOutput, relative_gap, 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES"]
+__all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
 AUTO_MILP_MAX_NODES = 160
+# Long skips (a U-Net's concatenations, a dense block's) cross every cut the hierarchical strategy can
+# make, so its plan can be far from optimal or refuse budgets that fit. Up to this many nodes the flat
+# MILP then gets the time left (a 161-node BERT's hierarchical plan is within 6-9% of its bound).
+# Beyond, the flat MILP overran its time limit: on a 326-node diffusion-style U-Net
+# (tests/test_auto_skips.py) it was still building and solving 3.5 minutes into a 2-minute limit.
+AUTO_FLAT_FALLBACK_MAX_NODES = 2 * AUTO_MILP_MAX_NODES
+# Near the MILP's size limit and under a time limit, the MILP can stop far from its bound: a 152-node
+# GPT-2 (experiments/realworld.py, 2 loaded cores) at 50% of its checkpoint-all peak ended at 1.79x,
+# "within 39%", after 150 s, where the hierarchical strategy plans a 161-node BERT at 1.08x in under
+# a minute. From this many nodes the hierarchical strategy runs first, and the MILP gets the time
+# left only when that plan is further than AUTO_TARGET_GAP from its bound.
+AUTO_HIERARCHICAL_FIRST_MIN_NODES = 80
+# The hierarchical plan is good enough when it is within this share of its proven lower bound.
+AUTO_TARGET_GAP = 0.02
+# The fallback is not started with less time left than this.
+AUTO_FALLBACK_MIN_SECONDS = 5.0
 # The baselines that form the floor: the budget-aware ones search their whole family for the budget.
-FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "griewank_logn", "checkpoint_last_node")
+# The linearized Chen greedy treats the forward pass as a chain of the values crossing each position:
+# on a U-Net it fits budgets the others refuse (a 326-node diffusion-style U-Net at 50% of its
+# checkpoint-all peak, where only the flat MILP, after minutes, found anything else).
+FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "chen_greedy_linearized", "griewank_logn",
+                    "checkpoint_last_node")
 # The share of the time limit the floor may take, all of its strategies together: the rest is left to
 # the main strategy. (On graphs of many thousand nodes a baseline's quadratic schedule alone can take
 # minutes; one that does not finish in its share is skipped.)
@@ -88,7 +108,19 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     left = None if deadline is None else max(deadline - time.perf_counter(), 1.0)
     best_floor = min(results, key=lambda r: r[0]) if results else None
     if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
-        attempt(main, replace(options, time_limit_s=left))
+        if main == "checkmate_milp" and graph.n >= AUTO_HIERARCHICAL_FIRST_MIN_NODES:
+            attempt("hierarchical", replace(options, time_limit_s=left))
+            left = None if deadline is None else deadline - time.perf_counter()
+            if _short_of_target(graph, results, "hierarchical") and (left is None or left >= AUTO_FALLBACK_MIN_SECONDS):
+                attempt(main, replace(options, time_limit_s=left))
+        else:
+            attempt(main, replace(options, time_limit_s=left))
+        if main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main):
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is None or left >= AUTO_FALLBACK_MIN_SECONDS:
+                _logger.info("auto: the hierarchical plan is missing or not within %.0f%% of its bound: flat MILP "
+                             "with the time left", 100 * AUTO_TARGET_GAP)
+                attempt("checkmate_milp", replace(options, time_limit_s=left))
     if not results and timed_out and not minimums:
         raise TimeLimitError(f"auto: no strategy found a schedule within the time limit of {options.time_limit_s:g} s "
                              f"({', '.join(timed_out)} ran out of time); raise the time limit")
@@ -110,3 +142,13 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         status += f"; {within_words(relative_gap(cost, lower))}"
     return StrategyOutput(out.schedule, lower_bound=lower, optimal=optimal, status=status,
                           solver=out.solver)
+
+
+def _short_of_target(graph: "Graph", results: list, main: str) -> bool:
+    """Whether ``main`` found no schedule, or one further than :data:`AUTO_TARGET_GAP` from its bound."""
+    found = [r for r in results if r[1] == main]
+    if not found:
+        return True
+    cost, _, out = found[0]
+    lower = out.lower_bound if out.lower_bound is not None else graph.total_cost
+    return relative_gap(cost, lower) > AUTO_TARGET_GAP

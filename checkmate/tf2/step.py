@@ -443,9 +443,10 @@ def _user_budget_for(planned: int, resident: int, headroom: float) -> int:
 
 
 def _activation_share(budget_bytes: int, graph: Any, budget: Any) -> str:
-    """``", 63.2% of the activations"`` when the user's budget was a share of the activations."""
+    """``", or 63.2% of the activations"`` when the user's budget was a share of the activations (a
+    relative budget is planned as given: the same share is the minimum to give)."""
     if isinstance(budget, str) and "activation" in budget:
-        return describe_fraction(budget_bytes, graph, budget)
+        return ", or " + describe_fraction(budget_bytes, graph, budget).lstrip(", ")
     return ""
 
 
@@ -514,9 +515,9 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         raise InfeasibleBudgetError(
             f"{strategy}: no schedule of {lowered.graph.name} fits in {format_bytes(budget_bytes)} "
             f"({budget_bytes} bytes{describe_fraction(budget_bytes, lowered.graph, budget)}{headroom_note}); "
-            f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes, or "
-            f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak"
-            f"{_activation_share(minimum, lowered.graph, budget)}){_minimum_note(strategy)}",
+            f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes)"
+            f"{_activation_share(planned_minimum, lowered.graph, budget)}, or "
+            f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak{_minimum_note(strategy)}",
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
     if result.schedule is None:
         raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")

@@ -113,7 +113,7 @@ def two_outputs(seed: int = 0) -> keras.Model:
     return keras.Model(inputs, {"cls": cls, "reg": reg}, name="two")
 
 
-def test_several_outputs_dict_losses_loss_weights_and_class_weight_as_keras():
+def test_several_outputs_dict_losses_sample_weights_and_loss_weights_as_keras():
     rng = np.random.default_rng(2)
     x = rng.standard_normal((4 * BATCH, 10)).astype("float32")
     y = {"cls": rng.integers(0, 5, (4 * BATCH,)).astype("int32"),
@@ -128,6 +128,12 @@ def test_several_outputs_dict_losses_loss_weights_and_class_weight_as_keras():
 
     weights = np.linspace(0.1, 3.0, len(x)).astype("float32")
     want, got, _ = fit_both(two_outputs, compiled, x=x, y=y, batch_size=BATCH, sample_weight=weights)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+    def weighted():
+        return dict(compiled(), loss_weights={"cls": 0.25, "reg": 4.0})
+
+    want, got, _ = fit_both(two_outputs, weighted, x=x, y=y, batch_size=BATCH)
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 

@@ -1,0 +1,275 @@
+"""Real models through ``RematModel`` with a budget only, beside plain Keras ``fit``.
+
+KerasHub tasks and keras.applications models at small random-init configurations (no download),
+batch 8. For each model:
+
+* ``RematModel(model, budget=B)`` and nothing else (a KerasHub task keeps its own ``compile()``
+  defaults; a keras.applications model is compiled with SGD and its classification loss, the same
+  for both runs): the graph's nodes and the level ``auto`` chose (``mixed`` when it looked inside
+  nested models or composite layers), the compile time (lowering, solving, code generation);
+* on the same lowered graph, the predicted overhead of the ``auto`` strategy at 50% and 25% of the
+  activation memory (``"50% activations"``: the memory above what every schedule holds), or the
+  smallest feasible share when that is infeasible;
+* the step's measured peak memory against the plain step's (the device allocator's peak above what
+  was resident, :func:`checkmate.tf2.measure_peak_memory`);
+* the losses of the first two batches against plain ``fit`` from the same weights (relative
+  difference), and the median epoch time of ``fit`` against plain ``fit`` (epochs interleaved, the
+  first epoch of each, with its tracing and compiling, left out).
+
+B is ``"50%"`` (of checkpoint-all's peak) for transformers and language models and ``"50%
+activations"`` for CNNs, whose weights dominate the step at these sizes.
+
+Writes experiments/results/realworld.csv and realworld.md (the table and the command).
+
+    python experiments/realworld.py                          # every model (~30-60 min on 2 CPU cores)
+    python experiments/realworld.py --models gpt2,resnet50 --epochs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from common import RESULTS, fmt_ratio, fmt_seconds, markdown_table, write_csv, write_meta  # noqa: E402
+
+BATCH = 8
+SEQUENCE = 128
+IMAGE = 64
+CLASSES = 10
+VOCAB = 2000
+# transformer width: large enough that a step's compute, not its dispatch, sets the epoch time
+HIDDEN = 256
+
+FIELDS = ["model", "kind", "parameters", "budget", "nodes", "level", "split_layers", "compile_seconds",
+          "strategy_status", "overhead_at_budget", "overhead_50pct_activations", "overhead_25pct_activations",
+          "measured_peak_bytes", "plain_peak_bytes", "peak_over_plain", "loss_rel_diff_batch1",
+          "loss_rel_diff_batch2", "epoch_seconds", "plain_epoch_seconds", "epoch_over_plain"]
+
+
+# ------------------------------------------------------------------------------------------ models
+def _hub():
+    import keras_hub
+
+    return keras_hub
+
+
+def gpt2():
+    hub = _hub()
+    backbone = hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                       intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
+    return hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+
+
+def llama():
+    hub = _hub()
+    backbone = hub.models.LlamaBackbone(vocabulary_size=VOCAB, num_layers=2, num_query_heads=4,
+                                        num_key_value_heads=2, hidden_dim=HIDDEN, intermediate_dim=2 * HIDDEN)
+    return hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+
+
+def bert():
+    hub = _hub()
+    backbone = hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                       intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
+    return hub.models.BertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+
+
+def vit():
+    hub = _hub()
+    backbone = hub.models.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2, num_heads=4,
+                                      hidden_dim=HIDDEN, mlp_dim=2 * HIDDEN)
+    return hub.models.ViTImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
+def _application(name):
+    def build():
+        import keras
+
+        return getattr(keras.applications, name)(weights=None, input_shape=(IMAGE, IMAGE, 3), classes=CLASSES)
+    return build
+
+
+# name -> (builder, data kind)
+MODELS = {
+    "gpt2": (gpt2, "lm"),
+    "llama": (llama, "lm"),
+    "bert": (bert, "bert"),
+    "vit": (vit, "image"),
+    "resnet50": (_application("ResNet50"), "image"),
+    "efficientnetb0": (_application("EfficientNetB0"), "image"),
+    "mobilenetv3small": (_application("MobileNetV3Small"), "image"),
+    "convnexttiny": (_application("ConvNeXtTiny"), "image"),
+    "densenet121": (_application("DenseNet121"), "image"),
+}
+TRANSFORMERS = {"lm", "bert"}
+
+
+def batches(kind: str, count: int, seed: int = 0):
+    """``count`` batches of BATCH rows as numpy arrays ``(x, y)``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    n = count * BATCH
+    if kind == "lm":
+        ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        mask = np.ones((n, SEQUENCE), "int32")
+        return {"token_ids": ids, "padding_mask": mask}, np.roll(ids, -1, axis=1)
+    if kind == "bert":
+        ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        return ({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)},
+                rng.integers(0, 4, (n,)).astype("int32"))
+    return (rng.standard_normal((n, IMAGE, IMAGE, 3)).astype("float32"),
+            rng.integers(0, CLASSES, (n,)).astype("int32"))
+
+
+def twins(name: str):
+    """Two models of ``name`` with the same weights (and dropout seeds), compiled the same way."""
+    import keras
+
+    build, kind = MODELS[name]
+    keras.utils.set_random_seed(0)
+    plain = build()
+    keras.utils.set_random_seed(0)
+    other = build()
+    other.set_weights(plain.get_weights())
+    if kind == "image" and not name == "vit":
+        for m in (plain, other):
+            m.compile(keras.optimizers.SGD(0.01, momentum=0.9), "sparse_categorical_crossentropy")
+    return plain, other, kind
+
+
+# ------------------------------------------------------------------------------------------ measuring
+def _losses_callback(store: list):
+    import keras
+
+    return keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: store.append(float(logs["loss"])))
+
+
+def _activation_overhead(lowered, share: str, time_limit_s: float) -> str:
+    import checkmate
+    from checkmate.budgets import describe_fraction
+
+    try:
+        r = checkmate.solve(lowered.graph, share, strategy="auto", time_limit_s=time_limit_s)
+    except checkmate.errors.InfeasibleBudgetError as exc:
+        minimum = exc.min_feasible_budget_bytes
+        return ("infeasible" + (f" (min{describe_fraction(minimum, lowered.graph, share)[1:]})"
+                                if minimum is not None else ""))
+    return f"{r.compute_cost / lowered.graph.total_cost:.3f}x"
+
+
+def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    import checkmate
+    import checkmate.tf2
+    from checkmate.tf2.memory import measure_step
+
+    plain, other, kind = twins(name)
+    budget = "50%" if kind in TRANSFORMERS else "50% activations"
+    x, y = batches(kind, steps)
+    trainer = checkmate.tf2.RematModel(other, budget=budget)
+    if not trainer.compiled and checkmate.tf2.losses.compile_arguments_of(other) is None:
+        raise SystemExit(f"{name}: not compiled")
+    if checkmate.tf2.losses.compile_arguments_of(other) is not None:
+        trainer.compile()
+    else:
+        trainer.compile(other.optimizer, other.loss)
+    first = tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:BATCH]), (x, y))
+    plain_losses: list = []
+    remat_losses: list = []
+    plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[_losses_callback(plain_losses)])
+    started = time.perf_counter()
+    step = trainer.compiled_step(*first)
+    compile_s = time.perf_counter() - started
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+                callbacks=[_losses_callback(remat_losses)])
+    # plain fit logs the mean of the batches so far: batch 2's own loss is 2 * log2 - log1
+    own = lambda logs: [logs[0], 2 * logs[1] - logs[0]]
+    diffs = [abs(a - b) / abs(a) for a, b in zip(own(plain_losses), own(remat_losses))]
+    plain_times, remat_times = [], []
+    for _ in range(epochs):
+        t = time.perf_counter()
+        plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        plain_times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+        remat_times.append(time.perf_counter() - t)
+    lowered = step.lowered
+    flat = step.function.flat_args(first[0], (first[1], tf.ones((BATCH,), tf.float32)))
+    plain_peak = measure_step(lowered.function, *flat).peak_bytes
+    remat_peak = measure_step(step.function.call_flat, *flat).peak_bytes
+    row = {
+        "model": name, "kind": kind, "parameters": int(sum(np.prod(v.shape) for v in other.trainable_variables)),
+        "budget": budget, "nodes": lowered.graph.n, "level": lowered.level,
+        "split_layers": len(lowered.metadata.get("split_layers") or ()),
+        "compile_seconds": round(compile_s, 1), "strategy_status": step.result.status,
+        "overhead_at_budget": round(step.predicted.overhead, 4),
+        "overhead_50pct_activations": _activation_overhead(lowered, "50% activations", time_limit_s),
+        "overhead_25pct_activations": _activation_overhead(lowered, "25% activations", time_limit_s),
+        "measured_peak_bytes": remat_peak, "plain_peak_bytes": plain_peak,
+        "peak_over_plain": round(remat_peak / plain_peak, 3) if plain_peak else None,
+        "loss_rel_diff_batch1": f"{diffs[0]:.1e}", "loss_rel_diff_batch2": f"{diffs[1]:.1e}",
+        "epoch_seconds": round(float(np.median(remat_times)), 2),
+        "plain_epoch_seconds": round(float(np.median(plain_times)), 2),
+    }
+    row["epoch_over_plain"] = round(row["epoch_seconds"] / row["plain_epoch_seconds"], 3)
+    print(step.summary(), flush=True)
+    print(row, flush=True)
+    return row
+
+
+COLUMNS = [("model", "model"), ("budget", "budget"), ("nodes", "nodes"), ("level", "level"),
+           ("split_layers", "layers split"), ("compile", "compile"), ("overhead_at_budget", "overhead at budget"),
+           ("overhead_50pct_activations", "overhead at 50% act."), ("overhead_25pct_activations", "at 25% act."),
+           ("peak_over_plain", "peak / plain"), ("loss", "loss rel. diff (batch 1, 2)"),
+           ("epoch", "epoch / plain fit")]
+
+
+def write_markdown(path: Path, rows: list[dict], command: str) -> None:
+    shown = []
+    for row in rows:
+        shown.append({**row, "compile": fmt_seconds(row["compile_seconds"]),
+                      "overhead_at_budget": fmt_ratio(row["overhead_at_budget"]),
+                      "loss": f"{row['loss_rel_diff_batch1']}, {row['loss_rel_diff_batch2']}",
+                      "epoch": f"{fmt_ratio(row['epoch_over_plain'], 3)} ({row['epoch_seconds']} s vs "
+                               f"{row['plain_epoch_seconds']} s)"})
+    path.write_text("# Real models through RematModel with a budget only\n\n"
+                    f"Command: `{command}`\n\n" + markdown_table(shown, COLUMNS) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--epochs", type=int, default=4, help="timed epochs of each (interleaved; median)")
+    p.add_argument("--steps", type=int, default=6, help="batches per epoch")
+    p.add_argument("--time-limit", type=float, default=60.0, help="time limit of the activation-share solves (s)")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="realworld", help="file stem of the results")
+    args = p.parse_args(argv)
+    started = time.perf_counter()
+    command = ("python experiments/realworld.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    rows = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        if name not in MODELS:
+            p.error(f"unknown model {name!r}: one of {', '.join(MODELS)}")
+        rows.append(run_model(name, args.epochs, args.steps, args.time_limit))
+        # written after each model, so that a long run leaves what it has measured
+        write_csv(args.out / f"{args.name}.csv", rows, FIELDS)
+        write_markdown(args.out / f"{args.name}.md", rows, command)
+    write_meta(args.out / f"{args.name}.meta.json", "default", started=started)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
