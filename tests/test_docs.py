@@ -223,6 +223,22 @@ def test_the_front_page_keeps_the_two_commands() -> None:
         assert re.search(rf"^{target.split()[1]}:", (REPO / "Makefile").read_text(), re.M)
 
 
+def test_the_front_page_names_every_install_extra() -> None:
+    """The front page says how to install the core and each extra that setup.py offers."""
+    import ast
+
+    tree = ast.parse((REPO / "setup.py").read_text())
+    extras: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require" and isinstance(node.value, ast.Dict):
+            extras = [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+    assert "tf" in extras and "test" in extras, "setup.py's extras were not found"
+    readme = (REPO / "README.md").read_text()
+    assert "pip install ." in readme
+    for extra in extras:
+        assert f".[{extra}]" in readme, f"README.md does not say how to install the extra {extra!r}"
+
+
 # ------------------------------------------------------------------------------------ the CLI page
 def _subcommands() -> dict:
     from checkmate.cli import build_parser
@@ -263,6 +279,18 @@ def test_cli_page_documents_the_exit_codes_and_json_fields() -> None:
     for field in json_fields:
         assert f"`{field}`" in text, f"docs/cli.md does not describe the JSON field {field}"
     assert set(json_fields) - {"overhead", "gap"} <= set(fields)
+
+
+def test_cli_page_documents_every_environment_variable() -> None:
+    """Every CHECKMATE_* variable the package reads is in the CLI page's table of them."""
+    names: set[str] = set()
+    for path in (REPO / "checkmate").rglob("*.py"):
+        names |= set(re.findall(r"[\"'](CHECKMATE_[A-Z_]+)[\"']", path.read_text()))
+    assert {"CHECKMATE_DEBUG", "CHECKMATE_PROGRESS"} <= names, "the package's variables were not found"
+    text = (REPO / "docs" / "cli.md").read_text()
+    table = text.split("## Environment variables", 1)[1]
+    for name in sorted(names):
+        assert f"`{name}" in table, f"docs/cli.md's environment variables do not include {name}"
 
 
 def test_solvers_page_names_every_strategy() -> None:
