@@ -38,7 +38,8 @@ class CompiledStepModel(StepTrainer):
     The loss and optimizer are the step's, batches must have its (global) batch size, and sample
     weights are refused. Training metrics come from the training forward pass for a step compiled with
     ``predictions=True``, else from an inference-mode forward pass after the update. Saved and loaded,
-    it comes back as a :class:`RematModel` for the step's budget in bytes and its strategy.
+    it comes back as a :class:`~checkmate.tf2.keras_model.RematModel` for the step's budget in bytes
+    and its strategy. It is a :class:`~checkmate.tf2.trainer.StepTrainer`, not a ``RematModel``.
     """
 
     def __init__(self, step: Any = None, **kwargs: Any):
