@@ -240,8 +240,8 @@ class StepTrainer(keras.Model):
             config.pop("plan")
         # always the model form: a saved compiled-step wrapper comes back as a RematModel that
         # compiles its step again for the budget and strategy it was saved with. It is found by its
-        # Keras registered name, as Keras finds every class of a saved file, since the module that
-        # defines it imports the step module, which reaches this one.
+        # Keras registered name, as Keras finds every class of a saved file: this module cannot import
+        # RematModel's, which imports the step module, which imports CompiledStepModel's and so this one.
         form = keras.saving.get_registered_object(MODEL_FORM_NAME)
         if form is None:
             raise InvalidArgumentError(f"loading {config.get('name', 'a checkmate model')} needs RematModel "
