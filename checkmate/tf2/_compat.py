@@ -127,6 +127,19 @@ def has_compiled_metrics(model: object) -> bool:
                                         getattr(metrics, "_user_weighted_metrics", None))
 
 
+def keras_compiled_loss(model: object):
+    """The ``CompileLoss`` that ``compile`` built from its ``loss`` (Keras 3.0-3.15:
+    ``Trainer._compile_loss``; ``fit`` builds its structure, a loss tracker per output, before the
+    first step), or ``None`` for a model never compiled with a loss."""
+    return getattr(model, "_compile_loss", None)
+
+
+def keras_compile_arguments(model: object) -> dict:
+    """What ``compile`` was given, by argument name (Keras 3.0-3.15: ``Trainer._compile_config``, a
+    ``SerializableDict`` whose ``config`` holds the arguments); empty for a model never compiled."""
+    return getattr(getattr(model, "_compile_config", None), "config", None) or {}
+
+
 def update_output_losses(model: object, y, y_pred, sample_weight=None) -> None:
     """Update the per-output loss means Keras reports as ``<output>_loss`` for a model with several
     outputs with one batch, as Keras' ``compute_loss`` does in its own train step (Keras 3.15: calling

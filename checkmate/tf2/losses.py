@@ -39,6 +39,7 @@ from typing import Any, Callable
 import tensorflow as tf
 
 from checkmate.errors import InvalidArgumentError
+from checkmate.tf2 import _compat
 
 __all__ = ["step_loss", "weight_spec", "step_weights", "compile_arguments_of", "row_weights_as"]
 
@@ -49,10 +50,9 @@ _ADOPTED = ("loss", "loss_weights", "metrics", "weighted_metrics")
 def compile_arguments_of(model: Any) -> dict | None:
     """The ``compile()`` arguments of a compiled Keras model (its optimizer, loss, loss weights and
     metrics as objects), or ``None`` if it was never compiled with a loss."""
-    if getattr(model, "optimizer", None) is None or getattr(model, "_compile_loss", None) is None:
+    if getattr(model, "optimizer", None) is None or _compat.keras_compiled_loss(model) is None:
         return None
-    # Keras 3 keeps what compile() was given in _compile_config (a SerializableDict of the arguments).
-    config = getattr(getattr(model, "_compile_config", None), "config", None) or {}
+    config = _compat.keras_compile_arguments(model)
     arguments = {key: config.get(key) for key in _ADOPTED if config.get(key) is not None}
     arguments["loss"] = getattr(model, "loss", None) or config.get("loss")
     arguments["optimizer"] = model.optimizer
@@ -76,9 +76,9 @@ def row_weights_as(weight: tf.Tensor, labels: Any) -> Any:
 def step_loss(trainer: Any) -> Callable:
     """The loss of ``((y, sample_weight), y_pred)`` that ``trainer``'s compiled step differentiates:
     ``trainer``'s Keras ``CompileLoss`` on the batch, as ``keras.Model.compute_loss`` calls it."""
-    # Keras 3 (3.0-3.15): compile() builds the CompileLoss in Trainer._compile_loss, and fit() builds
-    # it (its structure, a loss tracker per output) symbolically before the first step is traced.
-    compiled = getattr(trainer, "_compile_loss", None)
+    # fit() builds Keras' compiled loss (its structure, a loss tracker per output) symbolically before
+    # the first step is traced
+    compiled = _compat.keras_compiled_loss(trainer)
     if compiled is None:
         raise InvalidArgumentError("compile the RematModel with a loss before fit()")
 

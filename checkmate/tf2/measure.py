@@ -9,29 +9,25 @@ the plain step's, and the largest difference of loss and gradients from the plai
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import Any, Sequence
 
-import keras
 import numpy as np
 import tensorflow as tf
 
 from checkmate.budgets import is_relative_budget
-from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
+from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import default_device, measure_step
 from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes, resolve_budget_reported
+# the report fit adds lives beside the Keras wrappers, which must not import the step module
+from checkmate.tf2.trainer import STEP_TIME_REPORT_REPEATS, StepTimeReport  # noqa: F401 (re-exported)
 
 __all__ = ["max_gradient_difference", "time_step_s", "random_batch", "measure_plain", "compare_strategies",
            "allocator_note", "measure_step_time", "interleaved_times", "StepTimeReport",
            "STEP_TIME_REPORT_REPEATS"]
-
-# Repeats of the measurement after RematModel's first epoch: each runs both steps once, so the report
-# costs about 2 x this many steps, once per fit.
-STEP_TIME_REPORT_REPEATS = 7
 
 
 def _state_variables(model: Any) -> list:
@@ -136,34 +132,6 @@ def measure_step_time(step: CompiledStep, x: Any = None, y: Any = None, *, repea
         _restore(state, before)
     return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
                         cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None)
-
-
-class StepTimeReport(keras.callbacks.Callback):
-    """After the first epoch of ``fit``, measure the compiled step against the plain one
-    (:meth:`~checkmate.tf2.step.CompiledStep.measure_time`) and report the measured step-time ratio
-    beside the predicted overhead: on the ``checkmate.tf2`` logger, and on stdout when ``fit`` is
-    verbose. The result stays in ``step.measured`` (and in ``step.summary()``)."""
-
-    def __init__(self, remat_model: Any, repeats: int = STEP_TIME_REPORT_REPEATS):
-        super().__init__()
-        self.remat_model = remat_model
-        self.repeats = repeats
-        self.reported = False
-
-    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        if self.reported:
-            return
-        self.reported = True
-        try:
-            step = self.remat_model.compiled_step()
-        except InvalidArgumentError:       # no batch was trained (an empty dataset)
-            return
-        measured = step.measure_time(repeats=self.repeats)
-        line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
-                f"{step.predicted.overhead:.3f}x; {measured.describe()})")
-        logging.getLogger("checkmate.tf2").info(line)
-        if self.params.get("verbose", 1):
-            print(line)
 
 
 def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:

@@ -40,7 +40,7 @@ from checkmate.tf2.plan_cache import solve_or_reuse
 from checkmate.tf2.memory import available_device_memory, default_device
 
 if TYPE_CHECKING:  # pragma: no cover
-    from checkmate.tf2.keras_model import RematModel
+    from checkmate.tf2.step_model import CompiledStepModel
 
 _log = logging.getLogger("checkmate.tf2")
 
@@ -349,13 +349,13 @@ class CompiledStep:
         return self.measured
 
     # ------------------------------------------------------------------------------ Keras
-    def keras_model(self, **kwargs: Any) -> "RematModel":
-        """A compiled ``keras.Model`` whose ``fit`` trains with this step (see :class:`RematModel`)."""
-        # The Keras surface sits above compiled steps (it compiles them): it is reached through the
-        # package's public name when asked for, so that this module never imports it.
-        from checkmate import tf2
+    def keras_model(self, **kwargs: Any) -> "CompiledStepModel":
+        """A compiled ``keras.Model`` whose ``fit`` trains with this step (see
+        :class:`~checkmate.tf2.step_model.CompiledStepModel`)."""
+        # its module imports neither this one nor RematModel's (which compiles steps with this one)
+        from checkmate.tf2.step_model import CompiledStepModel
 
-        wrapper = tf2.RematModel(self, **kwargs)
+        wrapper = CompiledStepModel(self, **kwargs)
         wrapper.compile(optimizer=self.optimizer)
         return wrapper
 
