@@ -10,10 +10,8 @@ the plain step's, and the largest difference of loss and gradients from the plai
 from __future__ import annotations
 
 import os
-import time
 from typing import Any, Sequence
 
-import numpy as np
 import tensorflow as tf
 
 from checkmate.budgets import is_relative_budget
@@ -22,26 +20,14 @@ from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.memory import default_device, measure_step
 from checkmate.tf2.step import CompiledStep, accounting, compile_lowered, resident_bytes, resolve_budget_reported
+from checkmate.tf2.timing import (_restore, _snapshot, _state_variables, interleaved_times,  # noqa: F401
+                                 measure_step_time, random_batch, time_step_s)
 # the report fit adds lives beside the Keras wrappers, which must not import the step module
 from checkmate.tf2.trainer import STEP_TIME_REPORT_REPEATS, StepTimeReport  # noqa: F401 (re-exported)
 
 __all__ = ["max_gradient_difference", "time_step_s", "random_batch", "measure_plain", "compare_strategies",
            "allocator_note", "measure_step_time", "interleaved_times", "StepTimeReport",
            "STEP_TIME_REPORT_REPEATS"]
-
-
-def _state_variables(model: Any) -> list:
-    """Variables a training step updates besides the parameters (BatchNorm statistics, dropout seeds)."""
-    return list(getattr(model, "non_trainable_variables", ()))
-
-
-def _snapshot(variables: Sequence[Any]) -> list:
-    return [tf.identity(v) for v in variables]
-
-
-def _restore(variables: Sequence[Any], values: Sequence[Any]) -> None:
-    for v, value in zip(variables, values):
-        v.assign(value)
 
 
 def max_gradient_difference(step: CompiledStep, x: Any, y: Any) -> tuple[float, float]:
@@ -69,91 +55,6 @@ def max_gradient_difference(step: CompiledStep, x: Any, y: Any) -> tuple[float, 
         worst = max(worst, float(tf.reduce_max(tf.abs(a64 - b64))))
         scale = max(scale, float(tf.reduce_max(tf.abs(b64))))
     return worst, (worst / scale if scale > 0 else worst)
-
-
-def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
-    """Median wall time of ``fn(*args)`` over ``steps`` calls, after one warm-up call."""
-    def run():
-        out = fn(*args)
-        # Wait for the values: eager calls may return before a GPU has finished.
-        for t in tf.nest.flatten(out)[:1]:
-            t.numpy()
-
-    run()
-    times = []
-    for _ in range(max(1, steps)):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
-def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tuple[list[float], list[float]]:
-    """Median wall seconds and median process CPU seconds of each ``fn(*args)``, the functions called in
-    turn ``repeats`` times (after one warm-up call each), so that a load that comes and goes on a
-    shared machine falls on all of them alike."""
-    def run(fn):
-        out = fn(*args)
-        for t in tf.nest.flatten(out)[:1]:     # wait for the values (a GPU returns early)
-            t.numpy()
-
-    for fn in fns:
-        run(fn)
-    wall: list[list[float]] = [[] for _ in fns]
-    cpu: list[list[float]] = [[] for _ in fns]
-    for _ in range(max(1, repeats)):
-        for k, fn in enumerate(fns):
-            start, cpu_start = time.perf_counter(), time.process_time()
-            run(fn)
-            wall[k].append(time.perf_counter() - start)
-            cpu[k].append(time.process_time() - cpu_start)
-    return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
-
-
-def measure_step_time(step: CompiledStep, x: Any = None, y: Any = None, *, repeats: int = 15):
-    """:class:`~checkmate.tf2.step.MeasuredTime` of ``step``'s gradients against the plain traced step
-    (Grappler on, as users run it), interleaved (:func:`interleaved_times`); ``(x, y)`` default to a
-    random batch of the compiled shapes. The model's state variables are restored afterwards."""
-    from checkmate.tf2.step import MeasuredTime
-
-    if x is None or y is None:
-        x, y = random_batch(step.lowered, step.model)
-    flat = step.function.flat_args(x, y)
-    state = _state_variables(step.model)
-    before = _snapshot(state)
-    try:
-        if step.distribution is None:
-            remat, plain = step.function.call_flat, step.lowered.function
-            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times([remat, plain], *flat, repeats=repeats)
-        else:
-            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
-                [lambda: step.gradients(x, y)[0], lambda: step.plain_gradients(x, y)[0]], repeats=repeats)
-    finally:
-        _restore(state, before)
-    return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
-                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None)
-
-
-def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:
-    """A batch for the lowered step: normal features and labels valid for the model's logits."""
-    graph = lowered.function.graph
-    rng = np.random.default_rng(seed)
-    classes = None
-    try:
-        # integer labels below every output's class count, valid for whichever output they label
-        classes = min(int(out.shape[-1]) for out in model.outputs)
-    except (AttributeError, IndexError, TypeError, ValueError):
-        classes = None
-
-    def value(name: str, label: bool):
-        t = graph.get_operation_by_name(name).outputs[0]
-        shape = tuple(int(d) for d in t.shape)
-        if t.dtype.is_integer:
-            high = classes if (label and classes) else 2
-            return tf.constant(rng.integers(0, high, size=shape), dtype=t.dtype)
-        return tf.constant(rng.standard_normal(shape), dtype=t.dtype)
-
-    return ([value(n, False) for n in lowered.input_names], [value(n, True) for n in lowered.label_names])
 
 
 def measure_plain(lowered: LoweredGraph, flat: Sequence[Any], *, steps: int = 3, device: str | None = None) -> dict:

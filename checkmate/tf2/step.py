@@ -37,6 +37,7 @@ from checkmate.tf2.lowered import LoweredGraph
 from checkmate.tf2.lowering import lower
 from checkmate.tf2.lowering.trace import distribution_name
 from checkmate.tf2.plan_cache import solve_or_reuse
+from checkmate.tf2.timing import MeasuredTime, measure_step_time
 from checkmate.tf2.memory import available_device_memory, default_device
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,25 +72,6 @@ class Prediction:
         """Predicted peak of what the step allocates on top of the resident bytes: the quantity
         :func:`checkmate.tf2.measure_peak_memory` measures (activations, gradients, temporaries)."""
         return self.peak_memory_bytes - self.resident_bytes
-
-
-@dataclass(frozen=True)
-class MeasuredTime:
-    """Measured step time of a compiled step against the plain traced step, in one process."""
-
-    step_seconds: float         # median of the compiled step's gradients
-    plain_seconds: float        # median of the plain traced step's
-    repeats: int
-    cpu_ratio: float | None = None   # the same ratio in process CPU time (robust to other processes)
-
-    @property
-    def ratio(self) -> float:
-        return self.step_seconds / self.plain_seconds if self.plain_seconds > 0 else float("nan")
-
-    def describe(self) -> str:
-        cpu = f", CPU time {self.cpu_ratio:.3f}x" if self.cpu_ratio is not None else ""
-        return (f"{self.step_seconds * 1e3:.1f} ms vs {self.plain_seconds * 1e3:.1f} ms, median of "
-                f"{self.repeats}{cpu}")
 
 
 def cost_model_description(lowered: LoweredGraph) -> str:
@@ -343,8 +325,6 @@ class CompiledStep:
         one process, median of ``repeats`` each after a warm-up call; the ratio is what the predicted
         overhead predicts. Kept in :attr:`measured` and shown by :meth:`summary`. Model state the
         step updates (BatchNorm statistics, dropout seeds) is restored afterwards."""
-        from checkmate.tf2.measure import measure_step_time
-
         self.measured = measure_step_time(self, x, y, repeats=repeats)
         return self.measured
 
