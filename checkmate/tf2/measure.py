@@ -119,18 +119,17 @@ def measure_step_time(step: CompiledStep, x: Any = None, y: Any = None, *, repea
     random batch of the compiled shapes. The model's state variables are restored afterwards."""
     from checkmate.tf2.step import MeasuredTime
 
+    if step.distribution is not None:
+        raise InvalidArgumentError("measure_step_time times one replica's step against the plain one: compile the "
+                                   "step without a tf.distribute strategy to measure it")
     if x is None or y is None:
         x, y = random_batch(step.lowered, step.model)
     flat = step.function.flat_args(x, y)
     state = _state_variables(step.model)
     before = _snapshot(state)
     try:
-        if step.distribution is None:
-            remat, plain = step.function.call_flat, step.lowered.function
-            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times([remat, plain], *flat, repeats=repeats)
-        else:
-            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
-                [lambda: step.gradients(x, y)[0], lambda: step.plain_gradients(x, y)[0]], repeats=repeats)
+        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
+            [step.function.call_flat, step.lowered.function], *flat, repeats=repeats)
     finally:
         _restore(state, before)
     return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
@@ -156,6 +155,11 @@ class StepTimeReport(keras.callbacks.Callback):
         try:
             step = self.remat_model.compiled_step()
         except InvalidArgumentError:       # no batch was trained (an empty dataset)
+            return
+        if step.distribution is not None:
+            logging.getLogger("checkmate.tf2").info(
+                "checkmate: step time not measured under a tf.distribute strategy (predicted overhead %.3fx)",
+                step.predicted.overhead)
             return
         measured = step.measure_time(repeats=self.repeats)
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
