@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import tensorflow as tf
 
+from checkmate.errors import InvalidArgumentError
 from checkmate.tf2.lowered import LoweredGraph
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -99,18 +100,17 @@ def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, rep
     """:class:`MeasuredTime` of ``step``'s gradients against the plain traced step
     (Grappler on, as users run it), interleaved (:func:`interleaved_times`); ``(x, y)`` default to a
     random batch of the compiled shapes. The model's state variables are restored afterwards."""
+    if step.distribution is not None:
+        raise InvalidArgumentError("measure_step_time times one replica's step against the plain one: compile the "
+                                   "step without a tf.distribute strategy to measure it")
     if x is None or y is None:
         x, y = random_batch(step.lowered, step.model)
     flat = step.function.flat_args(x, y)
     state = _state_variables(step.model)
     before = _snapshot(state)
     try:
-        if step.distribution is None:
-            remat, plain = step.function.call_flat, step.lowered.function
-            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times([remat, plain], *flat, repeats=repeats)
-        else:
-            (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
-                [lambda: step.gradients(x, y)[0], lambda: step.plain_gradients(x, y)[0]], repeats=repeats)
+        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
+            [step.function.call_flat, step.lowered.function], *flat, repeats=repeats)
     finally:
         _restore(state, before)
     return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,

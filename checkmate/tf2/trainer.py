@@ -181,6 +181,11 @@ class StepTimeReport(keras.callbacks.Callback):
             step = self.remat_model.compiled_step()
         except InvalidArgumentError:       # no batch was trained (an empty dataset)
             return
+        if step.distribution is not None:
+            logging.getLogger("checkmate.tf2").info(
+                "checkmate: step time not measured under a tf.distribute strategy (predicted overhead %.3fx)",
+                step.predicted.overhead)
+            return
         measured = step.measure_time(repeats=self.repeats)
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
                 f"{step.predicted.overhead:.3f}x; {measured.describe()})")

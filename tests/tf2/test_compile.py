@@ -190,8 +190,11 @@ def test_measured_peak_follows_the_plan(name, request):
     if ran_in_fresh_process(request):
         return
     model, loss, xs, ys = MODELS[name]()
+    # FLOP costs: a schedule that does not change with the machine's load (profiled costs, the
+    # default, pick among near-equal schedules by timing noise, and the allocator's rounding depends
+    # on the schedule: one profiled schedule of the residual CNN measured 1.20x its prediction)
     step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="50%",
-                                 strategy=PEAK_STRATEGY[name], **SOLVE_OPTIONS)
+                                 strategy=PEAK_STRATEGY[name], cost_model="flops", **SOLVE_OPTIONS)
     # the default gradient_nodes=True: the accounting this test checks
     assert step.lowered.metadata["gradient_nodes"]
     x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))

@@ -81,12 +81,17 @@ def test_available_memory_is_positive():
     assert available_device_memory("CPU:0") > 2**20
 
 
-def test_grappler_scope_is_reentrant_and_restores():
+def test_grappler_scope_is_reentrant_and_restores(monkeypatch):
+    """The block a generated step runs in keeps Grappler on and switches off exactly the passes in
+    PLAN_BREAKING_PASSES (here one, to exercise it), nested or not, restoring them on the way out."""
+    monkeypatch.setitem(_compat.PLAN_BREAKING_PASSES, "dependency_optimization", False)
     before = tf.config.optimizer.get_experimental_options()
     with _compat.grappler_disabled():
         with _compat.grappler_disabled():
-            assert tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"] is True
-        assert tf.config.optimizer.get_experimental_options()["disable_meta_optimizer"] is True
+            inside = tf.config.optimizer.get_experimental_options()
+            assert inside["dependency_optimization"] is False
+            assert not inside.get("disable_meta_optimizer", False)
+        assert tf.config.optimizer.get_experimental_options()["dependency_optimization"] is False
     assert tf.config.optimizer.get_experimental_options() == before
     with pytest.raises(RuntimeError):
         with _compat.grappler_disabled():
