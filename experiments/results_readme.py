@@ -987,6 +987,29 @@ TUNED_CONSTANTS = [
     ("`LP_BOUND_MAX_NODES` (`solvers/hierarchical.py`)", "160",
      "The flat LP relaxation on decoder-transformer graphs: 6 s at 118 nodes, 19 s at 152, over 120 s at "
      "326."),
+    ("`FIRST_PLAN_TIME_LIMIT_S` (`tf2/keras_model.py`)", "20 s",
+     "`strategy=\"auto\"` at 50% (layer level, gradient nodes, 2 shared cores): a 146-node ViT 1.0903x in "
+     "20 s (600 s: 1.0901x; 10 s: 1.2334x); a 432-node ViT 1.0710x in 12 s (the full solve: the same in "
+     "16 s); an 848-node ViT 1.0764x in 18 s (1.0664x in 53 s). `experiments/first_batch.py --blocks 16`: "
+     "first batch 27 s after `fit` started, cold caches."),
+    ("`MENU_TIME_FRACTION` (`solvers/hierarchical.py`)", "0.5",
+     "432-node 16-block ViT at 50%: groups of up to 2 segments 1.087x in 0.7 s, 3: 1.0794x in 1.5 s, "
+     "4: 1.0716x in 2.2 s, 8: 1.0710x in 17.4 s."),
+    ("`AUTO_FLAT_FALLBACK_MAX_NODES` (`solvers/auto.py`)", "320",
+     "A 161-node BERT's hierarchical plan is within 6-9% of its bound; on a 326-node diffusion-style U-Net "
+     "(`tests/test_auto_skips.py`) the flat MILP was still building and solving 3.5 minutes into a 2-minute "
+     "limit."),
+    ("`AUTO_HIERARCHICAL_FIRST_MIN_NODES` (`solvers/auto.py`)", "80",
+     "A 152-node GPT-2 at 50% of its checkpoint-all peak (`experiments/realworld.py`, 2 loaded cores): the "
+     "flat MILP ended at 1.79x, \"within 39%\", after 150 s; the hierarchical strategy plans a 161-node BERT "
+     "at 1.08x in under a minute."),
+    ("`FLOOR_STRATEGIES` (`solvers/auto.py`)", "+ `chen_greedy_linearized`",
+     "A 326-node diffusion-style U-Net at 50%: the old floor and the hierarchical strategy refused it "
+     "(minimum 374 MB); the linearized Chen greedy fits it at 318.8 MB, 1.276x, in 0.9 s."),
+    ("`DEFAULT_TIME_BUDGET_S` (`tf2/profiling.py`)", "5 s",
+     "A 500-node layer graph on two shared CPU cores measures about 100-200 nodes in this time (nodes "
+     "repeated across blocks share one measurement); a 494-node transformer took about 11 s of profiling "
+     "with an empty cache, on a loaded machine."),
 ]
 
 

@@ -30,26 +30,18 @@ __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBAC
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
 AUTO_MILP_MAX_NODES = 160
-# Long skips (a U-Net's concatenations, a dense block's) cross every cut the hierarchical strategy can
-# make, so its plan can be far from optimal or refuse budgets that fit. Up to this many nodes the flat
-# MILP then gets the time left (a 161-node BERT's hierarchical plan is within 6-9% of its bound).
-# Beyond, the flat MILP overran its time limit: on a 326-node diffusion-style U-Net
-# (tests/test_auto_skips.py) it was still building and solving 3.5 minutes into a 2-minute limit.
+# Long skips cross every cut the hierarchical strategy can make: up to this size the flat MILP then
+# gets the time left; beyond, it overran its time limit. Measured: experiments/results/README.md, section i.
 AUTO_FLAT_FALLBACK_MAX_NODES = 2 * AUTO_MILP_MAX_NODES
-# Near the MILP's size limit and under a time limit, the MILP can stop far from its bound: a 152-node
-# GPT-2 (experiments/realworld.py, 2 loaded cores) at 50% of its checkpoint-all peak ended at 1.79x,
-# "within 39%", after 150 s, where the hierarchical strategy plans a 161-node BERT at 1.08x in under
-# a minute. From this many nodes the hierarchical strategy runs first, and the MILP gets the time
-# left only when that plan is further than AUTO_TARGET_GAP from its bound.
+# From this size the hierarchical strategy runs first: the flat MILP under a time limit can stop far
+# from its bound. The MILP gets the time left only when that plan misses AUTO_TARGET_GAP. Measured: experiments/results/README.md, section i.
 AUTO_HIERARCHICAL_FIRST_MIN_NODES = 80
 # The hierarchical plan is good enough when it is within this share of its proven lower bound.
 AUTO_TARGET_GAP = 0.02
 # The fallback is not started with less time left than this.
 AUTO_FALLBACK_MIN_SECONDS = 5.0
-# The baselines that form the floor: the budget-aware ones search their whole family for the budget.
-# The linearized Chen greedy treats the forward pass as a chain of the values crossing each position:
-# on a U-Net it fits budgets the others refuse (a 326-node diffusion-style U-Net at 50% of its
-# checkpoint-all peak, where only the flat MILP, after minutes, found anything else).
+# The baselines that form the floor (the budget-aware ones search their whole family for the budget);
+# the linearized Chen greedy fits U-Net budgets the others refuse. Measured: experiments/results/README.md, section i.
 FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "chen_greedy_linearized", "griewank_logn",
                     "checkpoint_last_node")
 # The share of the time limit the floor may take, all of its strategies together: the rest is left to

@@ -77,11 +77,8 @@ LP_BOUND_MAX_NODES = 160
 LP_BOUND_TIME_FRACTION = 0.25
 LP_BOUND_DEFAULT_TIME_S = 30.0
 _MENU_TIME_LIMIT_S = 5.0
-# Menus of longer groups are built while this share of the time limit lasts (the dynamic programme
-# and its replays need the rest). Groups are enumerated shortest first, so a short limit still gets
-# every single segment and the short groups, which carry most of the quality: on a 432-node,
-# 16-block ViT at 50% (layer level, gradient nodes) groups of up to 4 segments gave 1.0716x in 2.2 s
-# and up to 8 gave 1.0710x in 17 s (2-core machine).
+# Share of the time limit for menus of groups longer than one segment (shortest groups first).
+# Measured: experiments/results/README.md, section i.
 MENU_TIME_FRACTION = 0.5
 
 

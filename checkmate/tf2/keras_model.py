@@ -45,11 +45,8 @@ __all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "che
            "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
-# The solver's time limit for RematModel's steps (compile_options["time_limit_s"] overrides it): the
-# first batch waits for the solve, and checkmate.tf2.compile's default limit (ten minutes) buys little
-# more. strategy="auto" at 50% with this limit (2-core machine, shared; layer level, gradient nodes):
-# a 146-node ViT 1.0903x in 20 s (the full solve: 1.0901x after 600 s; 10 s: 1.2334x); a 432-node ViT
-# 1.0710x in 12 s (the full solve: the same in 16 s); an 848-node ViT 1.0764x in 18 s (1.0664x in 53 s).
+# RematModel's solve time limit: the first batch waits for it, and longer limits bought little.
+# Measured: experiments/results/README.md, section i.
 FIRST_PLAN_TIME_LIMIT_S = 20.0
 # Where the status line cannot be rewritten in place (a log file), a new line at most this often.
 STATUS_LOG_EVERY_S = 10.0

@@ -391,8 +391,7 @@ def _written_variables(function) -> list[tuple[Any, Any]]:
 
 
 # Profiling is on the path to the first batch: after this many seconds of measuring, the remaining
-# (smallest) nodes take their calibrated estimate. A 500-node layer graph on two shared CPU cores
-# measures ~100-200 nodes in this time; nodes repeated across blocks share one measurement.
+# (smallest) nodes take their calibrated estimate. Measured: experiments/results/README.md, section i.
 DEFAULT_TIME_BUDGET_S = 5.0
 # A sample further than this many median absolute deviations above the median is an outlier (another
 # process took the core, a page fault, a lazy allocation) and is dropped before the median is taken.

@@ -398,10 +398,8 @@ class CompiledStep:
 # memory above the resident parameters and batch. A percentage budget is a fraction of the plan's own
 # checkpoint-all peak, so it is planned as given.
 ALLOCATOR_HEADROOM_FRACTION = 0.05
-# compile()'s solve time when none is given: with the lowering and code generation (seconds to a
-# minute on transformers of a few hundred nodes on 2 shared CPU cores), compiling stays under five
-# minutes. The auto strategy returns its best schedule so far at the limit and says how far from
-# optimal it may be.
+# compile()'s solve time when none is given: with lowering and code generation, compiling stays
+# under five minutes; auto returns its best schedule so far and says how far from optimal it may be.
 COMPILE_TIME_LIMIT_S = 150.0
 
 
