@@ -469,6 +469,29 @@ def test_a_family_search_cut_short_returns_the_best_member_found():
         _search_family(40, evaluate, 10, "s", "member")
 
 
+def test_auto_whose_strategies_ran_out_of_time_does_not_call_the_budget_infeasible(monkeypatch):
+    """Only checkpoint-all answered (over the budget) and every other strategy ran out of time: the
+    budget may well fit, so the answer is a time-limit error naming checkpoint-all's peak as the
+    smallest budget known to fit, not an infeasible budget."""
+    from types import SimpleNamespace
+
+    from checkmate.errors import InfeasibleBudgetError, TimeLimitError
+    from checkmate.solvers import auto as auto_module
+
+    def out_of_time(*args, **kwargs):
+        raise TimeLimitError("time limit")
+
+    patched = {name: (spec if name == "checkpoint_all" else SimpleNamespace(fn=out_of_time))
+               for name, spec in auto_module.STRATEGIES.items()}
+    monkeypatch.setattr(auto_module, "STRATEGIES", patched)
+    g = chain(20)
+    with pytest.raises(TimeLimitError, match="smallest budget known to fit is") as info:
+        checkmate.solve(g, "50%", strategy="auto", time_limit_s=5)
+    assert not isinstance(info.value, InfeasibleBudgetError)
+    assert str(checkmate.simulate(g, checkmate.solve(g, "100%", strategy="checkpoint_all").schedule)
+               .peak_memory_bytes) in str(info.value)
+
+
 @pytest.mark.slow
 def test_a_ten_thousand_node_chain_answers_within_its_time_limit(tmp_path):
     path = tmp_path / "chain.json"

@@ -113,9 +113,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                 _logger.info("auto: the hierarchical plan is missing or not within %.0f%% of its bound: flat MILP "
                              "with the time left", 100 * AUTO_TARGET_GAP)
                 attempt("checkmate_milp", replace(options, time_limit_s=left))
-    if not results and timed_out and not minimums:
+    if not results and timed_out:
+        # a strategy that ran out of time may have fitted: the budget is not known to be infeasible,
+        # and a minimum found by the others is only an upper bound
+        known = (f"; the smallest budget known to fit is {min(minimums)} bytes" if minimums else "")
         raise TimeLimitError(f"auto: no strategy found a schedule within the time limit of {options.time_limit_s:g} s "
-                             f"({', '.join(timed_out)} ran out of time); raise the time limit")
+                             f"({', '.join(timed_out)} ran out of time){known}; raise the time limit")
     if not results:
         minimum = min(minimums) if minimums else None
         raise InfeasibleBudgetError(
