@@ -162,7 +162,7 @@ def _check_input_keys(model: Any, x: Any) -> None:
 
 
 class StepTimeReport(keras.callbacks.Callback):
-    """After the first epoch of ``fit``, measure the compiled step against the plain one
+    """After the first epoch of ``fit`` that trains a step not yet measured, measure it against the plain one
     (:meth:`~checkmate.tf2.step.CompiledStep.measure_time`) and report the measured step-time ratio
     beside the predicted overhead: on the ``checkmate.tf2`` logger, and on stdout when ``fit`` is
     verbose. The result stays in ``step.measured`` (and in ``step.summary()``)."""
@@ -181,6 +181,8 @@ class StepTimeReport(keras.callbacks.Callback):
             step = self.remat_model.compiled_step()
         except InvalidArgumentError:       # no batch was trained (an empty dataset)
             return
+        if step.measured is not None:
+            return          # measured once per compiled step, not at every fit() call
         if step.distribution is not None:
             logging.getLogger("checkmate.tf2").info(
                 "checkmate: step time not measured under a tf.distribute strategy (predicted overhead %.3fx)",
