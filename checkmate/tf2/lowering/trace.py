@@ -204,18 +204,23 @@ def distribution_strategy(model: Any = None) -> Any:
     return distribution
 
 
-def walk_layers(model: Any) -> list:
-    """Every layer of ``model``, nested models' layers included (through the public ``layers``)."""
+def _public_layers(layer: Any) -> list:
+    return list(getattr(layer, "layers", None) or [])
+
+
+def walk_layers(model: Any, children: Any = _public_layers) -> list:
+    """Every layer of ``model``, each once, nested ones included: ``children(layer)`` gives a layer's
+    own (by default the public ``layers`` of a nested model)."""
     found: list = []
     seen: set[int] = set()
-    stack = list(getattr(model, "layers", None) or [])
+    stack = _public_layers(model)
     while stack:
         layer = stack.pop()
         if id(layer) in seen:
             continue
         seen.add(id(layer))
         found.append(layer)
-        stack.extend(getattr(layer, "layers", None) or [])
+        stack.extend(children(layer))
     return found
 
 
@@ -397,18 +402,9 @@ class _watch_layer_calls(_instance_calls):
         self.seen_paths: dict[str, int] = {}
 
     def _layers(self) -> list:
-        top = list(getattr(self.model, "layers", []) or [])
         if not self.nested:
-            return top
-        found, seen, stack = [], set(), list(top)
-        while stack:
-            layer = stack.pop()
-            if id(layer) in seen:
-                continue
-            seen.add(id(layer))
-            found.append(layer)
-            stack.extend(_compat.sublayers(layer))
-        return found
+            return _public_layers(self.model)
+        return walk_layers(self.model, children=_compat.sublayers)
 
     def __enter__(self):
         for layer in self._layers():
