@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 import checkmate
+from checkmate.bounds import largest_working_set_bytes
 from checkmate.errors import InfeasibleBudgetError
 from checkmate.solvers import parse_budget
 from checkmate.synthetic import training_graph
@@ -69,8 +70,18 @@ def test_auto_meets_a_budget_the_hierarchical_strategy_refuses(unet):
     assert r.compute_cost <= checkmate.solve(unet, budget, strategy="chen_greedy_linearized").compute_cost
 
 
-def test_auto_minimum_is_the_smallest_of_its_strategies(unet):
+def test_auto_repairs_a_schedule_at_a_budget_every_strategy_refuses(unet):
     budget = parse_budget("30%", unet)
+    for strategy in ("hierarchical", "chen_greedy_linearized", "chen_greedy", "griewank_logn"):
+        with pytest.raises(InfeasibleBudgetError):
+            checkmate.solve(unet, budget, strategy=strategy, time_limit_s=30)
+    r = checkmate.solve(unet, budget, strategy="auto", time_limit_s=30)
+    assert_valid_schedule(unet, r.schedule, budget)
+    assert "repaired" in r.status
+
+
+def test_auto_minimum_is_the_smallest_of_its_strategies(unet):
+    budget = largest_working_set_bytes(unet) - 1        # below what any schedule needs
     minimums = []
     for strategy in ("hierarchical", "chen_greedy_linearized", "chen_greedy"):
         with pytest.raises(InfeasibleBudgetError) as info:

@@ -6,6 +6,16 @@ together they get at most :data:`FLOOR_TIME_SHARE` of the time limit, and one th
 skipped), then the strategy that suits the graph's size within the time left, and returns the
 cheapest replayed schedule that fits. Its ``status`` names the strategy whose schedule it returns. When nothing fits,
 the :class:`InfeasibleBudgetError` names the smallest budget at which one of them succeeds.
+
+Two passes work on whole schedules whatever the graph's structure. When no baseline fits, the
+schedules closest to the budget (each baseline's least peak, then checkpoint-all's) are *repaired*:
+holds are dropped at the replayed peak, cheapest per byte first, until the peak fits
+(:func:`~checkmate.solvers.rounding.repair_to_budget`). This finds schedules at budgets that every
+structured strategy refuses (language models at 50% of checkpoint-all, where a vocabulary-sized
+loss and wide feed-forward values make one level of recomputation per block too coarse), before
+the main strategy runs, so that a time limit never leaves auto without a schedule that is cheap to
+find. The time left at the end *refines* the best schedule: recomputations are replaced by holds
+while the peak still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
 """
 
 from __future__ import annotations
@@ -18,14 +28,19 @@ from typing import TYPE_CHECKING
 from checkmate._deadline import deadline_scope, no_deadline
 from checkmate.bounds import cost_lower_bound
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError, TimeLimitError
+from checkmate.bounds import checkpoint_all_schedule
 from checkmate.simulate import simulate
+from checkmate.solvers.candidates import Candidate
 from checkmate.solvers.registry import STRATEGIES
+from checkmate.solvers.rounding import improve_by_holding, repair_to_budget
 from checkmate.solvers.types import SolveOptions, StrategyOutput, relative_gap, within_words
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
+    from checkmate.schedule import Schedule
 
-__all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP"]
+__all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
+           "REPAIR_TIME_SHARE", "REFINE_TIME_SHARE"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -48,6 +63,14 @@ FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "chen_greedy_linearized", "
 # the main strategy. (On graphs of many thousand nodes a baseline's quadratic schedule alone can take
 # minutes; one that does not finish in its share is skipped.)
 FLOOR_TIME_SHARE = 0.4
+# When no baseline fits: the share of the time limit (from auto's start) by which the repair of the
+# schedules closest to the budget must be done. GPT-2, Llama, BERT and ViT graphs of ~150 nodes at 50%
+# repair in 1-15 s on a loaded 2-core machine. Measured: experiments/results/README.md, section i.
+REPAIR_TIME_SHARE = 0.5
+# The share of the time limit kept back from the main strategy for the refinement of the best
+# schedule (when a schedule is already known; the main strategy otherwise gets all of it).
+# Measured: experiments/results/README.md, section i.
+REFINE_TIME_SHARE = 0.25
 
 _logger = logging.getLogger("checkmate")
 
@@ -58,6 +81,8 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     results: list[tuple[float, str, "StrategyOutput"]] = []
     minimums: list[int] = []
     timed_out: list[str] = []
+    over: list[tuple[int, str, "Schedule"]] = []        # schedules that replayed above the budget
+    floor_minimums: list[tuple[int, str]] = []          # a floor strategy's least peak, when it refused
 
     def attempt(name: str, opts: "SolveOptions", until: float | None = None) -> None:
         try:
@@ -87,6 +112,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             return
         if sim.peak_memory_bytes > budget_bytes:
             minimums.append(sim.peak_memory_bytes)
+            over.append((sim.peak_memory_bytes, name, out.schedule))
             return
         results.append((sim.compute_cost, name, out))
         _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", name,
@@ -95,20 +121,32 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     base_opts = replace(options, time_limit_s=None)
     floor_until = None if deadline is None else start + FLOOR_TIME_SHARE * float(options.time_limit_s)
     for name in FLOOR_STRATEGIES:
+        known = len(minimums)
         attempt(name, base_opts, floor_until)
+        if len(minimums) > known:
+            floor_minimums.append((minimums[-1], name))
     main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
-    left = None if deadline is None else max(deadline - time.perf_counter(), 1.0)
     best_floor = min(results, key=lambda r: r[0]) if results else None
+    if best_floor is None:
+        repaired = _repair(graph, budget_bytes, floor_minimums, over,
+                           None if deadline is None else start + REPAIR_TIME_SHARE * float(options.time_limit_s))
+        if repaired is not None:
+            results.append(repaired)
+            _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", repaired[2].status,
+                         repaired[0] / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
+    # the main strategy leaves time for the refinement when a schedule is known already
+    reserve = 0.0 if deadline is None or not results else REFINE_TIME_SHARE * float(options.time_limit_s)
+    left = None if deadline is None else max(deadline - reserve - time.perf_counter(), 1.0)
     if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
         if main == "checkmate_milp" and graph.n >= AUTO_HIERARCHICAL_FIRST_MIN_NODES:
             attempt("hierarchical", replace(options, time_limit_s=left))
-            left = None if deadline is None else deadline - time.perf_counter()
+            left = None if deadline is None else deadline - reserve - time.perf_counter()
             if _short_of_target(graph, results, "hierarchical") and (left is None or left >= AUTO_FALLBACK_MIN_SECONDS):
                 attempt(main, replace(options, time_limit_s=left))
         else:
             attempt(main, replace(options, time_limit_s=left))
         if main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main):
-            left = None if deadline is None else deadline - time.perf_counter()
+            left = None if deadline is None else deadline - reserve - time.perf_counter()
             if left is None or left >= AUTO_FALLBACK_MIN_SECONDS:
                 _logger.info("auto: the hierarchical plan is missing or not within %.0f%% of its bound: flat MILP "
                              "with the time left", 100 * AUTO_TARGET_GAP)
@@ -126,10 +164,15 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             + (f"; the minimum feasible budget found is {minimum} bytes" if minimum is not None else ""),
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy="auto")
     cost, name, out = min(results, key=lambda r: (r[0], r[1] != main))
-    status = f"{name}: {out.status}" if out.status and out.status != "ok" else name
     # the memory at each node's first run forces a least recomputation (it includes every node once)
     lower = max([min(cost_lower_bound(graph, budget_bytes), cost),
                  *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
+    if not out.optimal and cost > lower * (1 + 1e-12):
+        until = None if deadline is None else deadline
+        refined = _refine(graph, budget_bytes, out, cost, until)
+        if refined is not None:
+            cost, out = refined
+    status = f"{name}: {out.status}" if out.status and out.status != "ok" else name
     optimal = out.optimal or cost <= lower * (1 + 1e-12)
     if optimal and not out.optimal:
         status = f"{name}: optimal (its cost meets the proven lower bound)"
@@ -137,6 +180,62 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         status += f"; {within_words(relative_gap(cost, lower))}"
     return StrategyOutput(out.schedule, lower_bound=lower, optimal=optimal, status=status,
                           solver=out.solver)
+
+
+def _repair(graph: "Graph", budget_bytes: int, minimums: list[tuple[int, str]],
+            over: list[tuple[int, str, "Schedule"]], until: float | None) -> tuple[float, str, "StrategyOutput"] | None:
+    """The first schedule that :func:`repair_to_budget` brings within the budget, from the starts
+    closest to it: each refusing floor strategy's least-peak schedule, then those that replayed above
+    the budget (checkpoint-all's among them), lowest peak first; None when none is repaired in time."""
+    starts: list[tuple[int, str, "Schedule | None"]] = [(peak, name, None) for peak, name in minimums]
+    starts += [(peak, name, schedule) for peak, name, schedule in over]
+    if not any(name == "checkpoint_all" for _, name, _ in starts):
+        starts.append((2 ** 62, "checkpoint_all", None))
+    for peak, name, schedule in sorted(starts, key=lambda s: s[0]):
+        if until is not None and time.perf_counter() >= until:
+            return None
+        try:
+            with deadline_scope(until, what=f"the repair of {name}"):
+                if schedule is None:
+                    schedule = (checkpoint_all_schedule(graph) if name == "checkpoint_all" else
+                                STRATEGIES[name].fn(graph, int(peak), SolveOptions()).schedule)
+                if schedule is None:
+                    continue
+                found = repair_to_budget(graph, schedule, budget_bytes, deadline=until)
+        except CheckmateError as exc:      # a deadline, or a start that does not exist at that budget
+            _logger.info("auto: no repair of %s (%s)", name, exc)
+            continue
+        if found is not None and found.peak_bytes <= budget_bytes:
+            return (found.cost, name, StrategyOutput(found.schedule, status="repaired to the budget (holds dropped "
+                                                     "at the peak, cheapest per byte first)"))
+    return None
+
+
+def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: float,
+            until: float | None) -> tuple[float, "StrategyOutput"] | None:
+    """``out``'s schedule with recomputations replaced by holds while it fits, until ``until``; None
+    when nothing was gained or no time is left."""
+    if out.schedule is None or (until is not None and until - time.perf_counter() < 0.5):
+        return None
+    with no_deadline():
+        sim = simulate(graph, out.schedule)
+    if not sim.valid or sim.peak_memory_bytes > budget_bytes:
+        return None
+    # the search polls ``until`` between its moves and keeps what it found: no scope that would cut
+    # a move short and lose the rounds before it
+    with no_deadline():
+        better = improve_by_holding(graph, Candidate(out.schedule, sim.compute_cost, sim.peak_memory_bytes, "refine"),
+                                    budget_bytes, deadline=until)
+    if better.cost >= cost * (1 - 1e-9):
+        return None
+    with no_deadline():
+        check = simulate(graph, better.schedule)
+    if not check.valid or check.peak_memory_bytes > budget_bytes or check.compute_cost >= cost:
+        return None
+    _logger.info("auto: refined to overhead %.4fx", check.compute_cost / graph.total_cost if graph.total_cost else 1.0)
+    status = out.status if out.status and out.status != "ok" else ""
+    status = (status + "; " if status else "") + "refined (recomputations replaced by holds that fit)"
+    return check.compute_cost, replace(out, schedule=better.schedule, status=status, optimal=False)
 
 
 def _short_of_target(graph: "Graph", results: list, main: str) -> bool:
