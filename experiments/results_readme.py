@@ -1006,6 +1006,16 @@ TUNED_CONSTANTS = [
     ("`FLOOR_STRATEGIES` (`solvers/auto.py`)", "+ `chen_greedy_linearized`",
      "A 326-node diffusion-style U-Net at 50%: the old floor and the hierarchical strategy refused it "
      "(minimum 374 MB); the linearized Chen greedy fits it at 318.8 MB, 1.276x, in 0.9 s."),
+    ("`REPAIR_TIME_SHARE` (`solvers/auto.py`)", "0.5",
+     "The graphs `RematModel` plans for GPT-2, Llama, BERT and ViT (`experiments/solver_quality.py`, 146-161 "
+     "nodes) at 50% of checkpoint-all, where every baseline refuses, on 2 loaded cores: the repair from "
+     "checkpoint-all took 11.0, 14.7, 15.2 and 6.0 s; from the least-peak schedule of the linearized Chen "
+     "greedy (GPT-2) 0.7 s, of `griewank_logn` (ViT) 2.2 s, where the Chen greedy ones fail in under 1 s."),
+    ("`REFINE_TIME_SHARE` (`solvers/auto.py`)", "0.25",
+     "Replacing recomputations by holds on the repaired schedules: GPT-2 1.569x to 1.443x and ViT 1.788x to "
+     "1.382x in 10 s, GPT-2 2.166x to 1.648x in 20 s. `auto` at 50% in 20 s (two runs): GPT-2 1.475x and "
+     "1.443x, Llama 1.149x, ViT 1.393x and 1.382x (without the passes: 3.17x or refused, 2.86x, refused; "
+     "the flat MILP in 300 s: GPT-2 2.748x, ViT 1.308x; `solver_quality.md`)."),
     ("`DEFAULT_TIME_BUDGET_S` (`tf2/profiling.py`)", "5 s",
      "A 500-node layer graph on two shared CPU cores measures about 100-200 nodes in this time (nodes "
      "repeated across blocks share one measurement); a 494-node transformer took about 11 s of profiling "

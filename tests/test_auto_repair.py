@@ -87,3 +87,5 @@ def test_auto_solves_real_models_at_half_of_checkpoint_all_within_a_first_plan_l
     # a repaired and refined schedule: far from the 2-3x that the flat MILP's time-limited rounding gave
     assert r.compute_cost < 1.8 * graph.total_cost
     assert r.lower_bound is not None and r.lower_bound <= r.compute_cost
+    # the status states auto's own distance to the bound, once
+    assert r.optimal or r.status.count("within") == 1

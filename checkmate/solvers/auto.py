@@ -21,6 +21,7 @@ while the peak still fits (:func:`~checkmate.solvers.rounding.improve_by_holding
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -71,6 +72,9 @@ REPAIR_TIME_SHARE = 0.5
 # schedule (when a schedule is already known; the main strategy otherwise gets all of it).
 # Measured: experiments/results/README.md, section i.
 REFINE_TIME_SHARE = 0.25
+# The refinement copies several n x n matrices per move (16 MB each at 4000 nodes, 100 MB at 10,000):
+# beyond this size one move could overrun the time limit, and the pass is skipped.
+REFINE_MAX_NODES = 4000
 
 _logger = logging.getLogger("checkmate")
 
@@ -215,7 +219,7 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
             until: float | None) -> tuple[float, "StrategyOutput"] | None:
     """``out``'s schedule with recomputations replaced by holds while it fits, until ``until``; None
     when nothing was gained or no time is left."""
-    if out.schedule is None or (until is not None and until - time.perf_counter() < 0.5):
+    if out.schedule is None or graph.n > REFINE_MAX_NODES or (until is not None and until - time.perf_counter() < 0.5):
         return None
     with no_deadline():
         sim = simulate(graph, out.schedule)
@@ -233,7 +237,9 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     if not check.valid or check.peak_memory_bytes > budget_bytes or check.compute_cost >= cost:
         return None
     _logger.info("auto: refined to overhead %.4fx", check.compute_cost / graph.total_cost if graph.total_cost else 1.0)
-    status = out.status if out.status and out.status != "ok" else ""
+    # the strategy's own distance to its bound no longer holds: auto states the refined one
+    status = re.sub(r",?\s*within [0-9.]+% of the optimum;?\s*", " ", out.status if out.status != "ok" else "")
+    status = re.sub(r"\s+", " ", status).strip(" ;,")
     status = (status + "; " if status else "") + "refined (recomputations replaced by holds that fit)"
     return check.compute_cost, replace(out, schedule=better.schedule, status=status, optimal=False)
 

@@ -1,0 +1,173 @@
+"""The ``auto`` strategy on real models' graphs and long-skip graphs, with and without its repair and
+refinement passes.
+
+Graphs (no TensorFlow needed to run this script):
+
+* ``experiments/results/graphs/real/{gpt2,llama,bert,vit,densenet121}.json``: the graphs
+  ``RematModel`` plans for KerasHub's GPT2CausalLM, LlamaCausalLM, BertTextClassifier and
+  ViTImageClassifier and keras.applications' DenseNet121 (64x64), at the configurations of
+  ``experiments/realworld.py``, batch 8, ``level="auto"``, profiled costs (written by the
+  ``--extract`` mode of this script, which needs TensorFlow and keras-hub);
+* the diffusion-style U-Nets of ``tests/test_auto_skips.py`` (4 levels of residual blocks whose
+  outputs are concatenated into the decoder): 2 blocks a level (326 nodes) and 3 (446 nodes).
+
+For each graph and budget (a percentage of checkpoint-all's peak), ``auto`` runs under a time limit
+twice, interleaved: ``before`` with the repair and refinement passes switched off (the strategy as it
+was), ``after`` as it is. Each row gives the overhead (compute cost over one plain step), the gap to
+the proven lower bound auto reports, the seconds taken, or the minimum budget auto names when it
+refuses.
+
+Writes experiments/results/solver_quality.csv and solver_quality.md.
+
+    python experiments/solver_quality.py                       # every graph (~15 min on 2 loaded cores)
+    python experiments/solver_quality.py --graphs gpt2,vit --time-limit 20
+    python experiments/solver_quality.py --extract gpt2,llama,bert,vit,densenet121   # needs TensorFlow
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from common import RESULTS, markdown_table, write_csv, write_meta  # noqa: E402
+
+REAL = RESULTS / "graphs" / "real"
+# graph -> (budgets, time limit in seconds): the first-plan limit of RematModel for the transformers,
+# longer ones for the dense and long-skip graphs (compile stays within five minutes)
+CASES = {
+    "gpt2": (("50%",), 20.0),
+    "llama": (("50%",), 20.0),
+    "bert": (("50%",), 20.0),
+    "vit": (("50%",), 20.0),
+    "densenet121": (("60%",), 120.0),
+    "unet326": (("50%", "40%", "30%"), 30.0),
+    "unet446": (("50%", "40%", "30%"), 30.0),
+}
+FIELDS = ["graph", "nodes", "budget", "variant", "time_limit_s", "seconds", "overhead", "gap_to_bound",
+          "min_budget_pct", "status"]
+
+
+def load(name: str):
+    from checkmate.graph import load_graph
+
+    if name.startswith("unet"):
+        sys.path.insert(0, str(HERE.parent / "tests"))
+        from test_auto_skips import diffusion_unet
+
+        return diffusion_unet(blocks=2 if name == "unet326" else 3)
+    return load_graph(REAL / f"{name}.json")
+
+
+def run(graph, budget: str, variant: str, time_limit_s: float) -> dict:
+    import checkmate
+    import checkmate.solvers.auto as auto_module
+    from checkmate.bounds import checkpoint_all_peak
+    from checkmate.errors import InfeasibleBudgetError
+    from checkmate.solvers import parse_budget
+    from checkmate.solvers.types import relative_gap
+
+    saved = auto_module._repair, auto_module._refine
+    if variant == "before":
+        auto_module._repair = lambda *a, **k: None
+        auto_module._refine = lambda *a, **k: None
+    row = {"graph": graph.name, "nodes": graph.n, "budget": budget, "variant": variant, "time_limit_s": time_limit_s}
+    started = time.perf_counter()
+    try:
+        r = checkmate.solve(graph, parse_budget(budget, graph), strategy="auto", time_limit_s=time_limit_s)
+    except InfeasibleBudgetError as exc:
+        minimum = exc.min_feasible_budget_bytes
+        row.update(status="infeasible", min_budget_pct=(None if minimum is None else
+                                                        round(100 * minimum / checkpoint_all_peak(graph), 1)))
+    except checkmate.errors.TimeLimitError:
+        row.update(status="time limit, no schedule")
+    else:
+        row.update(overhead=round(r.compute_cost / graph.total_cost, 4),
+                   gap_to_bound=f"{100 * relative_gap(r.compute_cost, r.lower_bound):.2f}%"
+                   if r.lower_bound is not None else None, status=r.status.split(";")[0][:80])
+    finally:
+        auto_module._repair, auto_module._refine = saved
+    row["seconds"] = round(time.perf_counter() - started, 1)
+    return row
+
+
+def extract(names: list[str]) -> None:
+    """Write the graph RematModel plans for each model of ``experiments/realworld.py`` (its lowering
+    and profiling; the solve is skipped)."""
+    import realworld
+    import tensorflow as tf
+
+    import checkmate.tf2
+    import checkmate.tf2.step as step_module
+    from checkmate.graph import save_graph
+
+    class _Lowered(Exception):
+        pass
+
+    REAL.mkdir(parents=True, exist_ok=True)
+    original = step_module.solve_or_reuse
+    for name in names:
+        plain, other, kind = realworld.twins(name)
+        x, y = realworld.batches(kind, 1)
+
+        def capture(graph, planned, **_):
+            save_graph(graph, REAL / f"{name}.json")
+            raise _Lowered
+
+        step_module.solve_or_reuse = capture
+        try:
+            trainer = checkmate.tf2.RematModel(other, budget="50%")
+            if checkmate.tf2.losses.compile_arguments_of(other) is not None:
+                trainer.compile()
+            else:
+                trainer.compile(other.optimizer, other.loss)
+            first = tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:realworld.BATCH]), (x, y))
+            trainer.compiled_step(*first)
+        except _Lowered:
+            print(f"wrote {REAL / (name + '.json')}", flush=True)
+        finally:
+            step_module.solve_or_reuse = original
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--graphs", default=",".join(CASES), help="comma-separated graphs (default: all)")
+    p.add_argument("--time-limit", type=float, default=None, help="override every graph's time limit (seconds)")
+    p.add_argument("--extract", default=None, help="lower these realworld.py models to graph files instead")
+    p.add_argument("--name", default="solver_quality", help="output file stem")
+    args = p.parse_args(argv)
+    if args.extract:
+        extract(args.extract.split(","))
+        return 0
+    started = time.perf_counter()
+    rows = []
+    for name in args.graphs.split(","):
+        budgets, limit = CASES[name]
+        graph = load(name)
+        for budget in budgets:
+            for variant in ("before", "after"):
+                row = run(graph, budget, variant, args.time_limit or limit)
+                row["graph"] = name
+                print(row, flush=True)
+                rows.append(row)
+    write_csv(RESULTS / f"{args.name}.csv", rows, FIELDS)
+    command = "python experiments/solver_quality.py" + ("" if argv is None and len(sys.argv) == 1 else
+                                                         " " + " ".join(sys.argv[1:] if argv is None else argv))
+    columns = [("graph", "graph"), ("nodes", "nodes"), ("budget", "budget"), ("variant", "auto"),
+               ("time_limit_s", "limit (s)"), ("seconds", "seconds"), ("overhead", "overhead"),
+               ("gap_to_bound", "gap to bound"), ("min_budget_pct", "minimum named (% of ckpt-all)"),
+               ("status", "status")]
+    (RESULTS / f"{args.name}.md").write_text(
+        "# auto on real and long-skip graphs, before and after its repair and refinement passes\n\n"
+        f"Command: `{command}`\n\n" + markdown_table(rows, columns) + "\n")
+    write_meta(RESULTS / f"{args.name}.meta.json", "solver quality", started=started)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
