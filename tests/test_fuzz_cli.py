@@ -485,6 +485,10 @@ def test_auto_whose_strategies_ran_out_of_time_does_not_call_the_budget_infeasib
                for name, spec in auto_module.STRATEGIES.items()}
     monkeypatch.setattr(auto_module, "STRATEGIES", patched)
     g = chain(20)
+    # auto repairs checkpoint-all's schedule down to the budget when it has the time
+    r = checkmate.solve(g, "50%", strategy="auto", time_limit_s=5)
+    assert r.peak_memory_bytes <= checkmate.solvers.parse_budget("50%", g) and "repaired" in r.status
+    monkeypatch.setattr(auto_module, "_repair", lambda *args, **kwargs: None)    # when it has not
     with pytest.raises(TimeLimitError, match="smallest budget known to fit is") as info:
         checkmate.solve(g, "50%", strategy="auto", time_limit_s=5)
     assert not isinstance(info.value, InfeasibleBudgetError)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from checkmate._deadline import deadline_scope, no_deadline
 from checkmate.bounds import cost_lower_bound
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError, TimeLimitError
-from checkmate.bounds import checkpoint_all_schedule
+from checkmate.bounds import checkpoint_all_schedule, largest_working_set_bytes
 from checkmate.simulate import simulate
 from checkmate.solvers.candidates import Candidate
 from checkmate.solvers.registry import STRATEGIES
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
-           "REPAIR_TIME_SHARE", "REFINE_TIME_SHARE"]
+           "REPAIR_TIME_SHARE", "REPAIR_MAX_S", "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -68,6 +68,10 @@ FLOOR_TIME_SHARE = 0.4
 # schedules closest to the budget must be done. GPT-2, Llama, BERT and ViT graphs of ~150 nodes at 50%
 # repair in 1-15 s on a loaded 2-core machine. Measured: experiments/results/README.md, section i.
 REPAIR_TIME_SHARE = 0.5
+# ... and at most this long whatever the limit (solve's default limit is ten minutes): the repairs
+# measured take 1-15 s, one still going after a minute is on a graph too large for it.
+# Measured: experiments/results/README.md, section i.
+REPAIR_MAX_S = 60.0
 # The share of the time limit kept back from the main strategy for the refinement of the best
 # schedule (when a schedule is already known; the main strategy otherwise gets all of it).
 # Measured: experiments/results/README.md, section i.
@@ -75,6 +79,9 @@ REFINE_TIME_SHARE = 0.25
 # The refinement copies several n x n matrices per move (16 MB each at 4000 nodes, 100 MB at 10,000):
 # beyond this size one move could overrun the time limit, and the pass is skipped.
 REFINE_MAX_NODES = 4000
+# The refinement runs at most this long (with the time left): its gains come in the first seconds.
+# Measured: experiments/results/README.md, section i.
+REFINE_MAX_S = 60.0
 
 _logger = logging.getLogger("checkmate")
 
@@ -131,9 +138,11 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             floor_minimums.append((minimums[-1], name))
     main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
     best_floor = min(results, key=lambda r: r[0]) if results else None
-    if best_floor is None:
-        repaired = _repair(graph, budget_bytes, floor_minimums, over,
-                           None if deadline is None else start + REPAIR_TIME_SHARE * float(options.time_limit_s))
+    # below the largest working set no schedule exists: nothing to repair
+    if best_floor is None and budget_bytes >= largest_working_set_bytes(graph):
+        repair_s = REPAIR_MAX_S if deadline is None else min(REPAIR_TIME_SHARE * float(options.time_limit_s),
+                                                             REPAIR_MAX_S)
+        repaired = _repair(graph, budget_bytes, floor_minimums, over, start + repair_s)
         if repaired is not None:
             results.append(repaired)
             _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", repaired[2].status,
@@ -172,7 +181,8 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     lower = max([min(cost_lower_bound(graph, budget_bytes), cost),
                  *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
     if not out.optimal and cost > lower * (1 + 1e-12):
-        until = None if deadline is None else deadline
+        until = time.perf_counter() + REFINE_MAX_S
+        until = until if deadline is None else min(until, deadline)
         refined = _refine(graph, budget_bytes, out, cost, until)
         if refined is not None:
             cost, out = refined
