@@ -79,9 +79,10 @@ REFINE_TIME_SHARE = 0.25
 # The refinement copies several n x n matrices per move (16 MB each at 4000 nodes, 100 MB at 10,000):
 # beyond this size one move could overrun the time limit, and the pass is skipped.
 REFINE_MAX_NODES = 4000
-# The refinement runs at most this long (with the time left): its gains come in the first seconds.
+# The refinement runs at most this long (with the time left): most of its gains come in the first
+# 10-20 s, and solve's default limit of ten minutes must not make every unproven answer wait longer.
 # Measured: experiments/results/README.md, section i.
-REFINE_MAX_S = 60.0
+REFINE_MAX_S = 20.0
 
 _logger = logging.getLogger("checkmate")
 
