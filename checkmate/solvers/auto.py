@@ -202,11 +202,11 @@ def _repair(graph: "Graph", budget_bytes: int, minimums: list[tuple[int, str]],
     """The first schedule that :func:`repair_to_budget` brings within the budget, from the starts
     closest to it: each refusing floor strategy's least-peak schedule, then those that replayed above
     the budget (checkpoint-all's among them), lowest peak first; None when none is repaired in time."""
-    starts: list[tuple[int, str, "Schedule | None"]] = [(peak, name, None) for peak, name in minimums]
-    starts += [(peak, name, schedule) for peak, name, schedule in over]
-    if not any(name == "checkpoint_all" for _, name, _ in starts):
-        starts.append((2 ** 62, "checkpoint_all", None))
-    for peak, name, schedule in sorted(starts, key=lambda s: s[0]):
+    # one start per strategy: the schedule it returned where there is one (no second solve)
+    by_name: dict[str, tuple[int, str, "Schedule | None"]] = {name: (peak, name, None) for peak, name in minimums}
+    by_name.update({name: (peak, name, schedule) for peak, name, schedule in over})
+    by_name.setdefault("checkpoint_all", (2 ** 62, "checkpoint_all", None))
+    for peak, name, schedule in sorted(by_name.values(), key=lambda s: s[0]):
         if until is not None and time.perf_counter() >= until:
             return None
         try:
