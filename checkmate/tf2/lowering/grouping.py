@@ -53,7 +53,7 @@ from typing import Mapping, Sequence
 import networkx as nx
 
 from checkmate.graph import Graph
-from checkmate.tf2.lowering.accounting import _VIEW_OPS, new_workspace, node_mem
+from checkmate.tf2.lowering.accounting import _IN_PLACE_OPS, _VIEW_OPS, new_workspace, node_mem
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo
 from checkmate.tf2.lowering.trace import TracedStep
 
@@ -460,10 +460,73 @@ def merge_cycles(groups: list[Group], op_graph: OpGraph) -> list[Group]:
     return merged
 
 
+# An op that orders itself after a chain and feeds its next op may join the chain when its output is
+# below this fraction of the chain's buffer (a scalar or per-channel tensor against an activation).
+_SMALL_INPUT_RATIO = 64
+
+
+def _same_buffer_size(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape.num_elements() is not None \
+        and a.shape.num_elements() == b.shape.num_elements()
+
+
+def in_place_chains(ops: Sequence[int], infos: Sequence[OpInfo], op_graph: OpGraph,
+                    keep_tensors: frozenset[str] = frozenset()) -> list[list[int]]:
+    """``ops`` (one split layer node) partitioned into chains that each hold one buffer: an op joins
+    the chain of the op whose output it writes into.
+
+    TF runs a view (Reshape) on its input's buffer, and an elementwise kernel (``_IN_PLACE_OPS``) in an
+    input of its output's size when that input has no other reader (its buffer dies with the kernel).
+    As two nodes, the memory model would hold both buffers while the second one runs (and, when a
+    third op only orders itself after the first through a control edge, until that op runs): one
+    buffer too many on each such op. An input that is read elsewhere, or is a step output
+    (``keep_tensors``), is not taken over, so its producer stays a node of its own."""
+    members = set(ops)
+    chain_of = {i: i for i in ops}
+    ancestors: dict[int, set[int]] = {}
+    for i in sorted(ops):   # creation order is topological
+        ancestors[i] = set()
+        for q in op_graph.producers[i]:
+            if q in members:
+                ancestors[i] |= {q} | ancestors[q]
+    for j in sorted(ops):
+        op = infos[j].op
+        if op.type not in _IN_PLACE_OPS and op.type not in _VIEW_OPS:
+            continue
+        if len(op.outputs) != 1:
+            continue
+        out = op.outputs[0]
+        candidates = op.inputs[:1] if op.type in _VIEW_OPS else op.inputs
+        for k, t in enumerate(candidates):
+            p = op_graph.inputs[j][k]
+            if p not in members or t.name in keep_tensors or not _same_buffer_size(t, out):
+                continue
+            readers = [c for c in op_graph.output_consumers[p][t.value_index] if not infos[c].dead]
+            if readers != [j]:
+                continue
+            # j's other inputs must not come after the chain (the two would depend on each other and
+            # be merged, hiding the other input's buffer), unless they are small: a constant that a
+            # gradient function orders after the chain with a control edge (2 * grad in
+            # SquaredDifference's gradient)
+            chain = chain_of[p]
+            others = [q for q in op_graph.producers[j] if q in members and chain_of[q] != chain
+                      and infos[q].bytes * _SMALL_INPUT_RATIO > infos[p].bytes]
+            if any(chain_of[a] == chain for q in others for a in ancestors[q]):
+                continue
+            chain_of[j] = chain
+            break
+    chains: dict[int, list[int]] = {}
+    for i in sorted(ops):
+        chains.setdefault(chain_of[i], []).append(i)
+    return sorted(chains.values(), key=min)
+
+
 def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
-                           workspace: Sequence[int], order: Sequence[int]) -> tuple[list[Group], list[str]]:
+                           workspace: Sequence[int], order: Sequence[int], op_graph: OpGraph | None = None,
+                           keep_tensors: frozenset[str] = frozenset()) -> tuple[list[Group], list[str]]:
     """Split each layer node whose new workspace is large (see the module docstring) into one group
-    per op; also the names of the split groups."""
+    per op, or, with ``op_graph``, per chain of ops that write into one buffer (:func:`in_place_chains`);
+    also the names of the split groups."""
     from checkmate.solvers import checkpoint_all_peak
 
     activations = checkpoint_all_peak(graph) - graph.fixed_mem
@@ -480,7 +543,15 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
         if k not in split:
             out.append(g)
             continue
-        for p, i in enumerate(sorted(g.ops)):
-            out.append(Group(f"{g.name}:{infos[i].op.type}", [i], g.backward,
-                             g.recomputable and infos[i].recomputable, g.layer, order=(*g.sort_key, p)))
+        parts = in_place_chains(g.ops, infos, op_graph, keep_tensors) if op_graph is not None \
+            else [[i] for i in sorted(g.ops)]
+        for p, part in enumerate(parts):
+            # named after the op whose output is the part's value (the last of its chain)
+            out.append(Group(f"{g.name}:{infos[part[-1]].op.type}", part, g.backward,
+                             g.recomputable and all(infos[i].recomputable for i in part), g.layer,
+                             order=(*g.sort_key, p)))
+    if op_graph is not None:
+        # a chain takes in the ops between its members in the layer's order; an op outside the chain
+        # that reads one member and feeds a later one would make two parts depend on each other
+        out = merge_cycles(out, op_graph)
     return out, sorted(groups[k].name for k in split)
