@@ -8,7 +8,9 @@ call form one forward group, and the gradient ops of that layer one backward gro
 is a layer of its own, named ``loss``). Ops are attributed to layers by the ops each layer call
 created while tracing; gradient ops by the forward op whose name scope they carry; ops left over
 (gradient sums ``AddN``, casts Keras inserts outside ``call``) by their consumers, else their
-producers. A layer whose forward ops mix recomputable and non-recomputable ops (BatchNorm's
+producers; a forward op outside every layer call whose output several layers read (the residual add of
+``x = x + block(x)`` written between layers) is a node of its own, named after the op, so that the
+stream between blocks can be kept without the layer that reads it. A layer whose forward ops mix recomputable and non-recomputable ops (BatchNorm's
 moving-average update, Dropout's seed variable) is split into a recomputable group and a
 ``<layer>:state`` group holding the non-recomputable ops (plus the stateless ops that only feed them),
 so that the layer's activations stay recomputable. Groups that depend on each other in a cycle (only
@@ -35,14 +37,16 @@ consumer has run, so layers are split where one block would hold bytes TF has al
 
 Both splits only regroup ops (``node_ops`` covers the same ops in both accountings; every op runs
 once per computation of its node). What docs/design.md §3 cannot express is not modelled: TF writes
-an elementwise output into a dying input's buffer (ReLU, BiasAdd, ReluGrad), and an input a node
-reads first dies before the node ends (a layer's output, read only by its ReluGrad); both make TF use
-less than the plan.
+an elementwise output into a dying input's buffer (ReLU, BiasAdd, ReluGrad) of another node, and an
+input a node reads first dies before the node ends (a layer's output, read only by its ReluGrad);
+both make TF use less than the plan.
 
 **Workspace split**: with gradient nodes, a layer node whose new transient tensors (not written in
 place) outweigh its value and ``WORKSPACE_SPLIT_FRACTION`` of the activations is split into one node
 per op (``<node>:<op type>``, listed in ``metadata["split_workspace_nodes"]``), so that the plan
-counts them: the backward of multi-head attention.
+counts them: the backward of multi-head attention, GroupNorm's. Ops that write into one buffer (a view
+of its input, an elementwise kernel on an input nothing else reads) stay together, named after the
+last: as separate nodes the plan would hold that buffer twice.
 """
 
 from __future__ import annotations
@@ -148,6 +152,8 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
                 taken.add(label)
                 layer[i] = label
 
+    _split_junctions(layer, traced, infos, op_graph)
+
     # Backward: the forward op (or scope) whose name the gradient op carries.
     scope_layer: dict[str, str | None] = {}
     for info in infos:
@@ -200,6 +206,31 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
         else:
             layer[i] = LOSS_LAYER if info.backward or i >= traced.loss_start else _UNATTRIBUTED
     return layer
+
+
+def _split_junctions(layer: dict[int, str], traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph) -> None:
+    """Make each forward op outside every layer call whose output more than one layer (or other such op)
+    reads a pseudo-layer of its own (``<op name without the model's scope>``), in place.
+
+    A residual stream written between layers (``x = x + block(x)`` in a functional model) is such an
+    op. Attributed to one of its readers' layers, its value would be part of that layer's node, which
+    is then kept or recomputed as a whole: holding the stream between blocks (what
+    ``tf.recompute_grad`` around each block keeps) would cost the layer's other outputs too."""
+    taken = set(layer.values())
+    for info in infos:
+        i = info.index
+        if info.static or info.backward or i in layer or not traced.model_start <= i < traced.loss_start:
+            continue
+        readers = {layer.get(j, j) for consumers in op_graph.output_consumers[i] for j in consumers
+                   if not infos[j].static and not infos[j].dead and not infos[j].backward}
+        if len(readers) < 2:
+            continue
+        parts = info.op.name.split("/")
+        label = "/".join(parts[1:] if len(parts) > 1 else parts)
+        while label in taken:
+            label = f"{label}#{i}"
+        taken.add(label)
+        layer[i] = label
 
 
 def _span_of(i: int, spans, traced) -> str | None:
