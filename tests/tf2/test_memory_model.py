@@ -105,6 +105,27 @@ def test_residual_stream_between_layers_is_a_node_of_its_own():
         assert_close_relative(a, b)
 
 
+def test_default_compile_matches_the_recompute_grad_schedule_at_its_budget():
+    """Given the memory the schedule of tf.recompute_grad around each block needs (as a budget in
+    bytes, the allocator's headroom on top), checkmate.tf2.compile with its defaults finds a schedule
+    that fits and costs no more."""
+    from checkmate.tf2.step import ALLOCATOR_HEADROOM_FRACTION, _user_budget_for
+
+    model, loss, xs, ys = residual_stream_mlp()
+    reference = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="100%",
+                                      strategy="checkpoint_all", cost_model="flops")
+    g = reference.graph
+    junctions = [i for i in g.forward_nodes if not g.nodes[i].name.startswith(("stem", "b", "logits", "loss"))]
+    blocks = simulate(g, segment_schedule(g, junctions))
+    assert blocks.recompute_count > 0
+    budget = _user_budget_for(blocks.peak_memory_bytes, resident_bytes(reference.lowered), ALLOCATOR_HEADROOM_FRACTION)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget=budget,
+                                 cost_model="flops", time_limit_s=20)
+    assert step.graph.names == g.names
+    assert step.predicted.peak_memory_bytes <= blocks.peak_memory_bytes
+    assert step.predicted.compute_cost <= blocks.compute_cost * (1 + 1e-9)
+
+
 def test_in_place_kernels_share_their_input_node():
     """In a layer split for its workspace (GroupNorm's backward), an elementwise kernel that writes
     into an input nothing else reads is in that input's node: the broadcast of the group statistics
