@@ -8,13 +8,14 @@ call form one forward group, and the gradient ops of that layer one backward gro
 is a layer of its own, named ``loss``). Ops are attributed to layers by the ops each layer call
 created while tracing; gradient ops by the forward op whose name scope they carry; ops left over
 (gradient sums ``AddN``, casts Keras inserts outside ``call``) by their consumers, else their
-producers; a forward op outside every layer call whose output several layers read (the residual add of
-``x = x + block(x)`` written between layers) is a node of its own, named after the op, so that the
-stream between blocks can be kept without the layer that reads it. A layer whose forward ops mix recomputable and non-recomputable ops (BatchNorm's
-moving-average update, Dropout's seed variable) is split into a recomputable group and a
-``<layer>:state`` group holding the non-recomputable ops (plus the stateless ops that only feed them),
-so that the layer's activations stay recomputable. Groups that depend on each other in a cycle (only
-when attribution heuristics interleave two layers) are merged. These are the compact groups: one
+producers; a forward op outside every layer call whose output several layers read (the residual
+add of ``x = x + block(x)`` written between layers) is a node of its own, named after the op, so that
+the stream between blocks can be kept without the layer that reads it. A layer whose forward ops mix
+recomputable and non-recomputable ops (BatchNorm's moving-average update, Dropout's seed variable) is
+split into a recomputable group and a ``<layer>:state`` group holding the non-recomputable ops (plus
+the stateless ops that only feed them), so that the layer's activations stay recomputable. Groups
+that depend on each other in a cycle (only when attribution heuristics interleave two layers) are
+merged. These are the compact groups: one
 forward and one backward node per layer.
 
 **Gradient nodes** (``gradient_nodes=True``): a node's value is one block that lives until its last
