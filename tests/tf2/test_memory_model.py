@@ -152,6 +152,7 @@ FIDELITY_MODELS = {**MODELS, "groupnorm_unet": groupnorm_unet, "residual_stream_
 PEAK_RATIO_BOUNDS = (0.88, 1.15)
 
 
+@pytest.mark.slow   # a fresh process, two compiles and four measured steps per graph: 15-50 s each
 @pytest.mark.parametrize("name", sorted(FIDELITY_MODELS))
 def test_predicted_step_peak_follows_the_measured_one(name, request, monkeypatch):
     """checkpoint-all and chen_sqrtn (a recomputing plan that does not depend on the machine's load):
