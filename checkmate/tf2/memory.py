@@ -47,6 +47,17 @@ that recompute measured 1.25-1.49: TF's allocation log showed the peak inside th
 backward node, whose transient tensors (the 1 MiB gradients of the score tensors and of the softmax)
 were workspace, which the memory model does not count. Such a node is now split into one node per op
 (checkmate.tf2.lowering, ``WORKSPACE_SPLIT_FRACTION``), and views count once.
+
+experiments/wall_clock.py's diffusion U-Net (GroupNorm, SiLU, skip concatenations) was predicted at an
+11.8 MiB checkpoint-all step peak where TF's allocation log shows 10.7 MiB of tensors at its peak
+(10.1-10.6 MiB measured, chunks of the BFC allocator). The largest GroupNorm backward is split for its
+workspace, and as one node per op the plan held the broadcast group statistics (``Tile``) and their
+in-place scaling (``RealDiv``) as two buffers, and a gradient whose only reader writes into it in
+place (``Mul`` of ``2 * grad``) until an op ordered after it by a control edge had run. Ops that write
+into one buffer are now one node: 11.1 MiB predicted. The rest of the difference is TF's in-place
+kernels across nodes (GroupNorm's ``x - mean`` written into the concatenation it normalizes), which
+the plan's one-block values cannot express. tests/tf2/test_memory_model.py checks measured over
+predicted step peaks of checkpoint-all and chen_sqrtn on five graphs, this kind of U-Net among them.
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ import time
 from typing import Any, Mapping
 
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
-from checkmate.tf2.lowered import LoweredGraph
+from checkmate.tf2.lowered import LoweredGraph, flat_names
 from checkmate.tf2.lowering.accounting import fixed_bytes, gradient_bytes
 from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_costs, with_costs
 from checkmate.tf2.lowering.grouping import (
@@ -171,7 +171,9 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
                                                              fixed, grads_resident)
     split_nodes: list[str] = []
     if level != "op" and split:   # the compact graph keeps the papers' one node per layer
-        groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order)
+        # step outputs keep their own buffers: an in-place kernel never takes them over
+        keep = frozenset({traced.loss_tensor, *traced.grad_tensors, *flat_names(traced.pred_structure)})
+        groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order, op_graph, keep)
         if split_nodes:
             graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, accounting_level,
                                                                  label, fixed, grads_resident)

@@ -8,11 +8,14 @@ call form one forward group, and the gradient ops of that layer one backward gro
 is a layer of its own, named ``loss``). Ops are attributed to layers by the ops each layer call
 created while tracing; gradient ops by the forward op whose name scope they carry; ops left over
 (gradient sums ``AddN``, casts Keras inserts outside ``call``) by their consumers, else their
-producers. A layer whose forward ops mix recomputable and non-recomputable ops (BatchNorm's
-moving-average update, Dropout's seed variable) is split into a recomputable group and a
-``<layer>:state`` group holding the non-recomputable ops (plus the stateless ops that only feed them),
-so that the layer's activations stay recomputable. Groups that depend on each other in a cycle (only
-when attribution heuristics interleave two layers) are merged. These are the compact groups: one
+producers; a forward op outside every layer call whose output several layers read (the residual
+add of ``x = x + block(x)`` written between layers) is a node of its own, named after the op, so that
+the stream between blocks can be kept without the layer that reads it. A layer whose forward ops mix
+recomputable and non-recomputable ops (BatchNorm's moving-average update, Dropout's seed variable) is
+split into a recomputable group and a ``<layer>:state`` group holding the non-recomputable ops (plus
+the stateless ops that only feed them), so that the layer's activations stay recomputable. Groups
+that depend on each other in a cycle (only when attribution heuristics interleave two layers) are
+merged. These are the compact groups: one
 forward and one backward node per layer.
 
 **Gradient nodes** (``gradient_nodes=True``): a node's value is one block that lives until its last
@@ -35,14 +38,16 @@ consumer has run, so layers are split where one block would hold bytes TF has al
 
 Both splits only regroup ops (``node_ops`` covers the same ops in both accountings; every op runs
 once per computation of its node). What docs/design.md §3 cannot express is not modelled: TF writes
-an elementwise output into a dying input's buffer (ReLU, BiasAdd, ReluGrad), and an input a node
-reads first dies before the node ends (a layer's output, read only by its ReluGrad); both make TF use
-less than the plan.
+an elementwise output into a dying input's buffer (ReLU, BiasAdd, ReluGrad) of another node, and an
+input a node reads first dies before the node ends (a layer's output, read only by its ReluGrad);
+both make TF use less than the plan.
 
 **Workspace split**: with gradient nodes, a layer node whose new transient tensors (not written in
 place) outweigh its value and ``WORKSPACE_SPLIT_FRACTION`` of the activations is split into one node
 per op (``<node>:<op type>``, listed in ``metadata["split_workspace_nodes"]``), so that the plan
-counts them: the backward of multi-head attention.
+counts them: the backward of multi-head attention, GroupNorm's. Ops that write into one buffer (a view
+of its input, an elementwise kernel on an input nothing else reads) stay together, named after the
+last: as separate nodes the plan would hold that buffer twice.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ from typing import Mapping, Sequence
 import networkx as nx
 
 from checkmate.graph import Graph
-from checkmate.tf2.lowering.accounting import _VIEW_OPS, new_workspace, node_mem
+from checkmate.tf2.lowering.accounting import _IN_PLACE_OPS, _VIEW_OPS, new_workspace, node_mem
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo
 from checkmate.tf2.lowering.trace import TracedStep
 
@@ -148,6 +153,8 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
                 taken.add(label)
                 layer[i] = label
 
+    _split_junctions(layer, traced, infos, op_graph)
+
     # Backward: the forward op (or scope) whose name the gradient op carries.
     scope_layer: dict[str, str | None] = {}
     for info in infos:
@@ -200,6 +207,31 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
         else:
             layer[i] = LOSS_LAYER if info.backward or i >= traced.loss_start else _UNATTRIBUTED
     return layer
+
+
+def _split_junctions(layer: dict[int, str], traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph) -> None:
+    """Make each forward op outside every layer call whose output more than one layer (or other such op)
+    reads a pseudo-layer of its own (``<op name without the model's scope>``), in place.
+
+    A residual stream written between layers (``x = x + block(x)`` in a functional model) is such an
+    op. Attributed to one of its readers' layers, its value would be part of that layer's node, which
+    is then kept or recomputed as a whole: holding the stream between blocks (what
+    ``tf.recompute_grad`` around each block keeps) would cost the layer's other outputs too."""
+    taken = set(layer.values())
+    for info in infos:
+        i = info.index
+        if info.static or info.backward or i in layer or not traced.model_start <= i < traced.loss_start:
+            continue
+        readers = {layer.get(j, j) for consumers in op_graph.output_consumers[i] for j in consumers
+                   if not infos[j].static and not infos[j].dead and not infos[j].backward}
+        if len(readers) < 2:
+            continue
+        parts = info.op.name.split("/")
+        label = "/".join(parts[1:] if len(parts) > 1 else parts)
+        while label in taken:
+            label = f"{label}#{i}"
+        taken.add(label)
+        layer[i] = label
 
 
 def _span_of(i: int, spans, traced) -> str | None:
@@ -460,10 +492,73 @@ def merge_cycles(groups: list[Group], op_graph: OpGraph) -> list[Group]:
     return merged
 
 
+# An op that orders itself after a chain and feeds its next op may join the chain when its output is
+# below this fraction of the chain's buffer (a scalar or per-channel tensor against an activation).
+_SMALL_INPUT_RATIO = 64
+
+
+def _same_buffer_size(a, b) -> bool:
+    return a.dtype == b.dtype and a.shape.num_elements() is not None \
+        and a.shape.num_elements() == b.shape.num_elements()
+
+
+def in_place_chains(ops: Sequence[int], infos: Sequence[OpInfo], op_graph: OpGraph,
+                    keep_tensors: frozenset[str] = frozenset()) -> list[list[int]]:
+    """``ops`` (one split layer node) partitioned into chains that each hold one buffer: an op joins
+    the chain of the op whose output it writes into.
+
+    TF runs a view (Reshape) on its input's buffer, and an elementwise kernel (``_IN_PLACE_OPS``) in an
+    input of its output's size when that input has no other reader (its buffer dies with the kernel).
+    As two nodes, the memory model would hold both buffers while the second one runs (and, when a
+    third op only orders itself after the first through a control edge, until that op runs): one
+    buffer too many on each such op. An input that is read elsewhere, or is a step output
+    (``keep_tensors``), is not taken over, so its producer stays a node of its own."""
+    members = set(ops)
+    chain_of = {i: i for i in ops}
+    ancestors: dict[int, set[int]] = {}
+    for i in sorted(ops):   # creation order is topological
+        ancestors[i] = set()
+        for q in op_graph.producers[i]:
+            if q in members:
+                ancestors[i] |= {q} | ancestors[q]
+    for j in sorted(ops):
+        op = infos[j].op
+        if op.type not in _IN_PLACE_OPS and op.type not in _VIEW_OPS:
+            continue
+        if len(op.outputs) != 1:
+            continue
+        out = op.outputs[0]
+        candidates = op.inputs[:1] if op.type in _VIEW_OPS else op.inputs
+        for k, t in enumerate(candidates):
+            p = op_graph.inputs[j][k]
+            if p not in members or t.name in keep_tensors or not _same_buffer_size(t, out):
+                continue
+            readers = [c for c in op_graph.output_consumers[p][t.value_index] if not infos[c].dead]
+            if readers != [j]:
+                continue
+            # j's other inputs must not come after the chain (the two would depend on each other and
+            # be merged, hiding the other input's buffer), unless they are small: a constant that a
+            # gradient function orders after the chain with a control edge (2 * grad in
+            # SquaredDifference's gradient)
+            chain = chain_of[p]
+            others = [q for q in op_graph.producers[j] if q in members and chain_of[q] != chain
+                      and infos[q].bytes * _SMALL_INPUT_RATIO > infos[p].bytes]
+            if any(chain_of[a] == chain for q in others for a in ancestors[q]):
+                continue
+            chain_of[j] = chain
+            break
+    chains: dict[int, list[int]] = {}
+    for i in sorted(ops):
+        chains.setdefault(chain_of[i], []).append(i)
+    return sorted(chains.values(), key=min)
+
+
 def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
-                           workspace: Sequence[int], order: Sequence[int]) -> tuple[list[Group], list[str]]:
+                           workspace: Sequence[int], order: Sequence[int], op_graph: OpGraph | None = None,
+                           keep_tensors: frozenset[str] = frozenset()) -> tuple[list[Group], list[str]]:
     """Split each layer node whose new workspace is large (see the module docstring) into one group
-    per op; also the names of the split groups."""
+    per op, or, with ``op_graph``, per chain of ops that write into one buffer (:func:`in_place_chains`);
+    also the names of the split groups."""
     from checkmate.solvers import checkpoint_all_peak
 
     activations = checkpoint_all_peak(graph) - graph.fixed_mem
@@ -480,7 +575,15 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
         if k not in split:
             out.append(g)
             continue
-        for p, i in enumerate(sorted(g.ops)):
-            out.append(Group(f"{g.name}:{infos[i].op.type}", [i], g.backward,
-                             g.recomputable and infos[i].recomputable, g.layer, order=(*g.sort_key, p)))
+        parts = in_place_chains(g.ops, infos, op_graph, keep_tensors) if op_graph is not None \
+            else [[i] for i in sorted(g.ops)]
+        for p, part in enumerate(parts):
+            # named after the op whose output is the part's value (the last of its chain)
+            out.append(Group(f"{g.name}:{infos[part[-1]].op.type}", part, g.backward,
+                             g.recomputable and all(infos[i].recomputable for i in part), g.layer,
+                             order=(*g.sort_key, p)))
+    if op_graph is not None:
+        # a chain takes in the ops between its members in the layer's order; an op outside the chain
+        # that reads one member and feeds a later one would make two parts depend on each other
+        out = merge_cycles(out, op_graph)
     return out, sorted(groups[k].name for k in split)
