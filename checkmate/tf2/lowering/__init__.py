@@ -27,7 +27,9 @@ a layer that runs no other layer is a layer node (with the gradient-node splits)
 composite layer (a nested model, a KerasHub task's backbone, a transformer block, an attention
 layer) runs outside its sublayers (attention scores and softmax, residual adds, a model's glue) is a
 node of its own; layer nodes whose temporaries outweigh their output are split into op nodes as at
-the layer level. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
+the layer level, and so are forward layer nodes whose value holds several large tensors (a Dense
+layer's matmul output and its activation's intermediates), so that a schedule keeps the expensive
+one and recomputes the cheap ones. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
 otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says, one line per layer, what was
 split and why.
 
@@ -60,7 +62,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2.lowered import LoweredGraph
@@ -74,7 +76,9 @@ from checkmate.tf2.lowering.grouping import (
     layer_groups,
     merge_cycles,
     op_groups,
+    MULTI_TENSOR_VALUE_RATIO,
     split_large_workspaces,
+    split_multi_tensor_values,
 )
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaque
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
@@ -170,18 +174,24 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups, accounting_level, label,
                                                              fixed, grads_resident)
     split_nodes: list[str] = []
+    value_nodes: list[str] = []
     if level != "op" and split:   # the compact graph keeps the papers' one node per layer
         groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order)
         if split_nodes:
-            graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, accounting_level,
-                                                                 label, fixed, grads_resident)
+            graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
+                                                                     accounting_level, label, fixed, grads_resident)
+        if level == "auto":
+            groups, value_nodes = split_multi_tensor_values(groups, infos, graph, order)
+            if value_nodes:
+                graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups,
+                                                                     accounting_level, label, fixed, grads_resident)
     if cost_model == "profile":
         _log.info("profiling %d nodes", graph.n)
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
     _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
               time.perf_counter() - started)
-    if level == "auto" and split_nodes:
-        split_layers = _split_reasons(traced, composites, split_nodes, groups)
+    if level == "auto" and (split_nodes or value_nodes):
+        split_layers = _split_reasons(traced, composites, split_nodes, groups, value_nodes)
         chosen = "mixed"
     return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=chosen,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
@@ -192,7 +202,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
 
 
 def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_nodes: list[str],
-                   groups: list) -> tuple[str, ...]:
+                   groups: list, value_nodes: Sequence[str] = ()) -> tuple[str, ...]:
     """What ``level="auto"`` split below one node per layer, and why, one line per layer."""
     recorded = {name for name, _, _ in traced.layer_calls}
     own_ops = dict.fromkeys(composites, 0)
@@ -207,4 +217,6 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
              for name in sorted(composites)]
     lines += [f"{name}: one node per op (its temporaries outweigh its output and "
               f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
+    lines += [f"{name}: one node per op (its value holds {MULTI_TENSOR_VALUE_RATIO:g}x its largest tensor or more, "
+              f"and {WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in value_nodes]
     return tuple(lines)
