@@ -68,3 +68,23 @@ def test_auto_split_trains_as_keras():
     np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_auto_splits_the_loss_node_so_the_logits_gradient_is_not_resident_to_the_end():
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16,))
+    hidden = keras.layers.Dense(64, activation="relu", name="body")(inputs)
+    logits = keras.layers.Dense(2000, name="vocabulary")(hidden)
+    model = keras.Model(inputs, logits)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    specs = (tf.TensorSpec((BATCH, 16), tf.float32), tf.TensorSpec((BATCH,), tf.int32))
+    layer = checkmate.tf2.lower(model, loss, *specs, level="layer", gradient_nodes=True, cost_model="flops")
+    auto = checkmate.tf2.lower(model, loss, *specs, level="auto", gradient_nodes=True, cost_model="flops")
+    logits_bytes = BATCH * 2000 * 4
+    resident = lambda g: [g.names[k] for k in range(g.n)
+                          if g.output[k] and not g.backward[k] and g.mem[k] >= logits_bytes]
+    # at layer level the loss node (the loss and the cross-entropy's gradient of the logits) is an
+    # output, so the plan keeps that gradient to the end of the step
+    assert resident(layer.graph) == ["loss"]
+    assert resident(auto.graph) == [] and auto.level == "mixed"
+    assert any(line.startswith("loss: one node per op") for line in auto.metadata["split_layers"])

@@ -181,7 +181,9 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
             graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
         if level == "auto":
-            groups, value_nodes = split_multi_tensor_values(groups, infos, graph, order)
+            from checkmate.tf2.lowered import flat_names
+            step_outputs = (traced.loss_tensor, *flat_names(traced.pred_structure))
+            groups, value_nodes = split_multi_tensor_values(groups, infos, graph, order, step_outputs)
             if value_nodes:
                 graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
@@ -217,6 +219,6 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
              for name in sorted(composites)]
     lines += [f"{name}: one node per op (its temporaries outweigh its output and "
               f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
-    lines += [f"{name}: one node per op (its value holds {MULTI_TENSOR_VALUE_RATIO:g}x its largest tensor or more, "
-              f"and {WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in value_nodes]
+    lines += [f"{name}: one node per op (its value holds several large tensors, {MULTI_TENSOR_VALUE_RATIO:g}x its "
+              "largest or its step output, which a schedule would keep or recompute whole)" for name in value_nodes]
     return tuple(lines)

@@ -60,7 +60,7 @@ from checkmate.tf2.lowering.trace import TracedStep
 __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
            "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces", "split_multi_tensor_values",
-           "MULTI_TENSOR_VALUE_RATIO"]
+           "MULTI_TENSOR_VALUE_RATIO", "OUTPUT_SPLIT_FRACTION"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
@@ -82,6 +82,11 @@ WORKSPACE_SPLIT_FRACTION = 0.1
 # checkpoint-all the auto strategy's overhead was 1.39x (20 s) with those nodes whole, 1.08x at op
 # level.
 MULTI_TENSOR_VALUE_RATIO = 2.0
+# level="auto": a forward node that is a step output through small tensors (the loss) but holds more
+# (the cross-entropy's gradient of the logits) is split when its value is this share of the
+# activations: GPT-2's loss node (7.8 MiB of 81 MiB of activations) otherwise keeps the logits'
+# gradient resident for the whole backward pass.
+OUTPUT_SPLIT_FRACTION = 0.02
 
 
 @dataclass
@@ -497,20 +502,38 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
 
 
 def split_multi_tensor_values(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
-                              order: Sequence[int]) -> tuple[list[Group], list[str]]:
-    """Split each recomputable forward node whose value holds several large tensors (see
-    :data:`MULTI_TENSOR_VALUE_RATIO`) into one group per op; also the names of the split groups."""
+                              order: Sequence[int], step_outputs: Sequence[str] = ()
+                              ) -> tuple[list[Group], list[str]]:
+    """Split into one group per op each recomputable forward node whose value holds several large
+    tensors (see :data:`MULTI_TENSOR_VALUE_RATIO`), and each forward node that is a step output
+    through small tensors only (``step_outputs``: the loss, the predictions) while its value is large:
+    the loss layer's node holds the loss scalar and the cross-entropy's activation-sized gradient,
+    and as an output all of it would stay resident to the end of the step, where TF frees the
+    gradient once the backward has read it. Also the names of the split groups."""
     from checkmate.solvers import checkpoint_all_peak
 
     activations = checkpoint_all_peak(graph) - graph.fixed_mem
+    outputs: dict[str, int] = {}
+    for info in infos:
+        for k, t in enumerate(info.op.outputs):
+            if t.name in step_outputs:
+                outputs[info.op.name] = outputs.get(info.op.name, 0) + info.out_bytes[k]
     split: set[int] = set()
     for node, group in enumerate(order):
         g = groups[group]
-        if g.backward or not g.recomputable or len(g.ops) < 2 or graph.output[node]:
+        if g.backward or not g.recomputable or len(g.ops) < 2:
             continue
         mem = int(graph.mem[node])
+        if graph.output[node]:
+            # resident to the end of the step: worth splitting at a smaller share of the activations
+            output_bytes = sum(outputs.get(infos[i].op.name, 0) for i in g.ops)
+            if mem >= MULTI_TENSOR_VALUE_RATIO * max(output_bytes, 1) and mem >= OUTPUT_SPLIT_FRACTION * activations:
+                split.add(group)
+            continue
+        if mem < WORKSPACE_SPLIT_FRACTION * activations:
+            continue
         largest = max((b for i in g.ops for b in infos[i].out_bytes), default=0)
-        if largest > 0 and mem >= MULTI_TENSOR_VALUE_RATIO * largest and mem >= WORKSPACE_SPLIT_FRACTION * activations:
+        if largest > 0 and mem >= MULTI_TENSOR_VALUE_RATIO * largest:
             split.add(group)
     if not split:
         return groups, []
