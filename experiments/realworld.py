@@ -192,7 +192,17 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
     remat_losses: list = []
     plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[_losses_callback(plain_losses)])
     started = time.perf_counter()
-    step = trainer.compiled_step(*first)
+    try:
+        step = trainer.compiled_step(*first)
+    except checkmate.errors.InfeasibleBudgetError as exc:
+        # a row that says so (the minimum the solvers found), and the next model
+        print(f"{name}: {exc}", flush=True)
+        minimum = exc.min_feasible_budget_bytes
+        return {"model": name, "kind": kind, "budget": budget, "compile_seconds": round(time.perf_counter() - started, 1),
+                "strategy_status": str(exc),
+                "overhead_at_budget": "infeasible" + (f" (min {minimum} bytes)" if minimum is not None else ""),
+                "loss_rel_diff_batch1": "–", "loss_rel_diff_batch2": "–", "epoch_seconds": None,
+                "plain_epoch_seconds": None, "epoch_cpu_seconds": None, "plain_epoch_cpu_seconds": None}
     compile_s = time.perf_counter() - started
     trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                 callbacks=[_losses_callback(remat_losses)])
@@ -248,11 +258,12 @@ def write_markdown(path: Path, rows: list[dict], command: str) -> None:
     shown = []
     for row in rows:
         shown.append({**row, "compile": fmt_seconds(row["compile_seconds"]),
-                      "overhead_at_budget": fmt_ratio(row["overhead_at_budget"]),
+                      "overhead_at_budget": (row["overhead_at_budget"] if isinstance(row["overhead_at_budget"], str)
+                                             else fmt_ratio(row["overhead_at_budget"])),
                       "loss": f"{row['loss_rel_diff_batch1']}, {row['loss_rel_diff_batch2']}",
-                      "epoch": f"{fmt_ratio(row['epoch_over_plain'], 3)} ({row['epoch_seconds']} s vs "
+                      "epoch": f"{fmt_ratio(row.get('epoch_over_plain'), 3)} ({row['epoch_seconds']} s vs "
                                f"{row['plain_epoch_seconds']} s)",
-                      "epoch_cpu": f"{fmt_ratio(row['epoch_cpu_over_plain'], 3)} ({row['epoch_cpu_seconds']} s vs "
+                      "epoch_cpu": f"{fmt_ratio(row.get('epoch_cpu_over_plain'), 3)} ({row['epoch_cpu_seconds']} s vs "
                                    f"{row['plain_epoch_cpu_seconds']} s)"})
     path.write_text("# Real models through RematModel with a budget only\n\n"
                     f"Command: `{command}`\n\n" + markdown_table(shown, COLUMNS) + "\n")

@@ -27,9 +27,9 @@ a layer that runs no other layer is a layer node (with the gradient-node splits)
 composite layer (a nested model, a KerasHub task's backbone, a transformer block, an attention
 layer) runs outside its sublayers (attention scores and softmax, residual adds, a model's glue) is a
 node of its own; layer nodes whose temporaries outweigh their output are split into op nodes as at
-the layer level, and so are forward layer nodes whose value holds several large tensors (a Dense
-layer's matmul output and its activation's intermediates), so that a schedule keeps the expensive
-one and recomputes the cheap ones. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
+the layer level, and so is a forward node that is a step output through a small tensor but holds a large
+one (the loss node, with the cross-entropy's gradient of the logits), so that only the loss stays
+resident to the end of the step. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
 otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says, one line per layer, what was
 split and why.
 
@@ -76,9 +76,8 @@ from checkmate.tf2.lowering.grouping import (
     layer_groups,
     merge_cycles,
     op_groups,
-    MULTI_TENSOR_VALUE_RATIO,
     split_large_workspaces,
-    split_multi_tensor_values,
+    split_large_outputs,
 )
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaque
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
@@ -183,7 +182,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
         if level == "auto":
             from checkmate.tf2.lowered import flat_names
             step_outputs = (traced.loss_tensor, *flat_names(traced.pred_structure))
-            groups, value_nodes = split_multi_tensor_values(groups, infos, graph, order, step_outputs)
+            groups, value_nodes = split_large_outputs(groups, infos, graph, order, step_outputs)
             if value_nodes:
                 graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
@@ -219,6 +218,6 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
              for name in sorted(composites)]
     lines += [f"{name}: one node per op (its temporaries outweigh its output and "
               f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
-    lines += [f"{name}: one node per op (its value holds several large tensors, {MULTI_TENSOR_VALUE_RATIO:g}x its "
-              "largest or its step output, which a schedule would keep or recompute whole)" for name in value_nodes]
+    lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
+              "would stay resident to the end of the step)" for name in value_nodes]
     return tuple(lines)

@@ -59,8 +59,8 @@ from checkmate.tf2.lowering.trace import TracedStep
 
 __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
            "composite_calls",
-           "merge_cycles", "group_dependencies", "split_large_workspaces", "split_multi_tensor_values",
-           "MULTI_TENSOR_VALUE_RATIO", "OUTPUT_SPLIT_FRACTION"]
+           "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
+           "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
@@ -73,19 +73,13 @@ _UNATTRIBUTED = "model"
 # 1.25-1.49x the layer-level plan. Smaller workspaces are left in their layer node: the measured peaks
 # of MLPs, CNNs and U-Nets follow their layer-level plans.
 WORKSPACE_SPLIT_FRACTION = 0.1
-# level="auto": a forward layer node whose value (what it passes on, or what the backward reads of it)
-# is at least this many times its largest tensor, and WORKSPACE_SPLIT_FRACTION of the activations, is
-# split into one node per op. A Dense layer with a GELU activation passes its backward the matmul
-# output and every intermediate of the activation: on a GPT-2 block (hidden 256, batch 8 x 128) one
-# 17 MiB node of five 4 MiB tensors, which a schedule can only keep or recompute whole (a matmul);
-# as op nodes the matmul output is kept and the elementwise tensors recomputed from it. At 50% of
-# checkpoint-all the auto strategy's overhead was 1.39x (20 s) with those nodes whole, 1.08x at op
-# level.
-MULTI_TENSOR_VALUE_RATIO = 2.0
-# level="auto": a forward node that is a step output through small tensors (the loss) but holds more
-# (the cross-entropy's gradient of the logits) is split when its value is this share of the
-# activations: GPT-2's loss node (7.8 MiB of 81 MiB of activations) otherwise keeps the logits'
-# gradient resident for the whole backward pass.
+# level="auto": a forward node that is a step output through small tensors (the loss) but whose value
+# is at least OUTPUT_SPLIT_RATIO times them and this share of the activations (the cross-entropy's
+# gradient of the logits) is split into one node per op, so that only the loss stays resident: GPT-2's
+# and Llama's loss nodes (7.8 MiB of 56-81 MiB of activations) otherwise keep the logits' gradient
+# resident for the whole backward pass; Llama (hidden 256, batch 8 x 128) at 50% of checkpoint-all was
+# infeasible in RematModel's 20 s solve, 1.12x predicted after the split.
+OUTPUT_SPLIT_RATIO = 2.0
 OUTPUT_SPLIT_FRACTION = 0.02
 
 
@@ -501,15 +495,13 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
     return out, sorted(groups[k].name for k in split)
 
 
-def split_multi_tensor_values(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
-                              order: Sequence[int], step_outputs: Sequence[str] = ()
-                              ) -> tuple[list[Group], list[str]]:
-    """Split into one group per op each recomputable forward node whose value holds several large
-    tensors (see :data:`MULTI_TENSOR_VALUE_RATIO`), and each forward node that is a step output
-    through small tensors only (``step_outputs``: the loss, the predictions) while its value is large:
-    the loss layer's node holds the loss scalar and the cross-entropy's activation-sized gradient,
-    and as an output all of it would stay resident to the end of the step, where TF frees the
-    gradient once the backward has read it. Also the names of the split groups."""
+def split_large_outputs(groups: list[Group], infos: Sequence[OpInfo], graph: Graph, order: Sequence[int],
+                        step_outputs: Sequence[str] = ()) -> tuple[list[Group], list[str]]:
+    """Split into one group per op each forward node that is a step output through small tensors only
+    (``step_outputs``: the loss, the predictions) while its value is large (see
+    :data:`OUTPUT_SPLIT_RATIO`): the loss layer's node holds the loss scalar and the cross-entropy's
+    activation-sized gradient, and as an output all of it would stay resident to the end of the step,
+    where TF frees the gradient once the backward has read it. Also the names of the split groups."""
     from checkmate.solvers import checkpoint_all_peak
 
     activations = checkpoint_all_peak(graph) - graph.fixed_mem
@@ -521,19 +513,11 @@ def split_multi_tensor_values(groups: list[Group], infos: Sequence[OpInfo], grap
     split: set[int] = set()
     for node, group in enumerate(order):
         g = groups[group]
-        if g.backward or not g.recomputable or len(g.ops) < 2:
+        if g.backward or not g.recomputable or len(g.ops) < 2 or not graph.output[node]:
             continue
         mem = int(graph.mem[node])
-        if graph.output[node]:
-            # resident to the end of the step: worth splitting at a smaller share of the activations
-            output_bytes = sum(outputs.get(infos[i].op.name, 0) for i in g.ops)
-            if mem >= MULTI_TENSOR_VALUE_RATIO * max(output_bytes, 1) and mem >= OUTPUT_SPLIT_FRACTION * activations:
-                split.add(group)
-            continue
-        if mem < WORKSPACE_SPLIT_FRACTION * activations:
-            continue
-        largest = max((b for i in g.ops for b in infos[i].out_bytes), default=0)
-        if largest > 0 and mem >= MULTI_TENSOR_VALUE_RATIO * largest:
+        output_bytes = sum(outputs.get(infos[i].op.name, 0) for i in g.ops)
+        if mem >= OUTPUT_SPLIT_RATIO * max(output_bytes, 1) and mem >= OUTPUT_SPLIT_FRACTION * activations:
             split.add(group)
     if not split:
         return groups, []
