@@ -65,7 +65,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
-from checkmate.tf2.lowered import LoweredGraph
+from checkmate.tf2.lowered import LoweredGraph, flat_names
 from checkmate.tf2.lowering.accounting import fixed_bytes, gradient_bytes
 from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_costs, with_costs
 from checkmate.tf2.lowering.grouping import (
@@ -180,7 +180,6 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
             graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
         if level == "auto":
-            from checkmate.tf2.lowered import flat_names
             step_outputs = (traced.loss_tensor, *flat_names(traced.pred_structure))
             groups, value_nodes = split_large_outputs(groups, infos, graph, order, step_outputs)
             if value_nodes:
