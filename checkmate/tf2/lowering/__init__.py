@@ -27,7 +27,9 @@ a layer that runs no other layer is a layer node (with the gradient-node splits)
 composite layer (a nested model, a KerasHub task's backbone, a transformer block, an attention
 layer) runs outside its sublayers (attention scores and softmax, residual adds, a model's glue) is a
 node of its own; layer nodes whose temporaries outweigh their output are split into op nodes as at
-the layer level. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
+the layer level, and so is a forward node that is a step output through a small tensor but holds a large
+one (the loss node, with the cross-entropy's gradient of the logits), so that only the loss stays
+resident to the end of the step. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
 otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says, one line per layer, what was
 split and why.
 
@@ -60,7 +62,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from checkmate.errors import InvalidArgumentError, UnsupportedOpError
 from checkmate.tf2.lowered import LoweredGraph, flat_names
@@ -75,6 +77,7 @@ from checkmate.tf2.lowering.grouping import (
     merge_cycles,
     op_groups,
     split_large_workspaces,
+    split_large_outputs,
 )
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaque
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
@@ -170,20 +173,27 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups, accounting_level, label,
                                                              fixed, grads_resident)
     split_nodes: list[str] = []
+    value_nodes: list[str] = []
     if level != "op" and split:   # the compact graph keeps the papers' one node per layer
         # step outputs keep their own buffers: an in-place kernel never takes them over
         keep = frozenset({traced.loss_tensor, *traced.grad_tensors, *flat_names(traced.pred_structure)})
         groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order, op_graph, keep)
         if split_nodes:
-            graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups, accounting_level,
-                                                                 label, fixed, grads_resident)
+            graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
+                                                                     accounting_level, label, fixed, grads_resident)
+        if level == "auto":
+            step_outputs = (traced.loss_tensor, *flat_names(traced.pred_structure))
+            groups, value_nodes = split_large_outputs(groups, infos, graph, order, step_outputs)
+            if value_nodes:
+                graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups,
+                                                                     accounting_level, label, fixed, grads_resident)
     if cost_model == "profile":
         _log.info("profiling %d nodes", graph.n)
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
     _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
               time.perf_counter() - started)
-    if level == "auto" and split_nodes:
-        split_layers = _split_reasons(traced, composites, split_nodes, groups)
+    if level == "auto" and (split_nodes or value_nodes):
+        split_layers = _split_reasons(traced, composites, split_nodes, groups, value_nodes)
         chosen = "mixed"
     return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=chosen,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
@@ -194,7 +204,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
 
 
 def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_nodes: list[str],
-                   groups: list) -> tuple[str, ...]:
+                   groups: list, value_nodes: Sequence[str] = ()) -> tuple[str, ...]:
     """What ``level="auto"`` split below one node per layer, and why, one line per layer."""
     recorded = {name for name, _, _ in traced.layer_calls}
     own_ops = dict.fromkeys(composites, 0)
@@ -209,4 +219,6 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
              for name in sorted(composites)]
     lines += [f"{name}: one node per op (its temporaries outweigh its output and "
               f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
+    lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
+              "would stay resident to the end of the step)" for name in value_nodes]
     return tuple(lines)

@@ -64,7 +64,8 @@ from checkmate.tf2.lowering.trace import TracedStep
 
 __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
            "composite_calls",
-           "merge_cycles", "group_dependencies", "split_large_workspaces"]
+           "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
+           "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
@@ -77,6 +78,14 @@ _UNATTRIBUTED = "model"
 # 1.25-1.49x the layer-level plan. Smaller workspaces are left in their layer node: the measured peaks
 # of MLPs, CNNs and U-Nets follow their layer-level plans.
 WORKSPACE_SPLIT_FRACTION = 0.1
+# level="auto": a forward node that is a step output through small tensors (the loss) but whose value
+# is at least OUTPUT_SPLIT_RATIO times them and this share of the activations (the cross-entropy's
+# gradient of the logits) is split into one node per op, so that only the loss stays resident: GPT-2's
+# and Llama's loss nodes (7.8 MiB of 56-81 MiB of activations) otherwise keep the logits' gradient
+# resident for the whole backward pass; Llama (hidden 256, batch 8 x 128) at 50% of checkpoint-all was
+# infeasible in RematModel's 20 s solve, 1.12x predicted after the split.
+OUTPUT_SPLIT_RATIO = 2.0
+OUTPUT_SPLIT_FRACTION = 0.02
 
 
 @dataclass
@@ -586,4 +595,41 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
         # a chain takes in the ops between its members in the layer's order; an op outside the chain
         # that reads one member and feeds a later one would make two parts depend on each other
         out = merge_cycles(out, op_graph)
+    return out, sorted(groups[k].name for k in split)
+
+
+def split_large_outputs(groups: list[Group], infos: Sequence[OpInfo], graph: Graph, order: Sequence[int],
+                        step_outputs: Sequence[str] = ()) -> tuple[list[Group], list[str]]:
+    """Split into one group per op each forward node that is a step output through small tensors only
+    (``step_outputs``: the loss, the predictions) while its value is large (see
+    :data:`OUTPUT_SPLIT_RATIO`): the loss layer's node holds the loss scalar and the cross-entropy's
+    activation-sized gradient, and as an output all of it would stay resident to the end of the step,
+    where TF frees the gradient once the backward has read it. Also the names of the split groups."""
+    from checkmate.solvers import checkpoint_all_peak
+
+    activations = checkpoint_all_peak(graph) - graph.fixed_mem
+    outputs: dict[str, int] = {}
+    for info in infos:
+        for k, t in enumerate(info.op.outputs):
+            if t.name in step_outputs:
+                outputs[info.op.name] = outputs.get(info.op.name, 0) + info.out_bytes[k]
+    split: set[int] = set()
+    for node, group in enumerate(order):
+        g = groups[group]
+        if g.backward or not g.recomputable or len(g.ops) < 2 or not graph.output[node]:
+            continue
+        mem = int(graph.mem[node])
+        output_bytes = sum(outputs.get(infos[i].op.name, 0) for i in g.ops)
+        if mem >= OUTPUT_SPLIT_RATIO * max(output_bytes, 1) and mem >= OUTPUT_SPLIT_FRACTION * activations:
+            split.add(group)
+    if not split:
+        return groups, []
+    out: list[Group] = []
+    for k, g in enumerate(groups):
+        if k not in split:
+            out.append(g)
+            continue
+        for p, i in enumerate(sorted(g.ops)):
+            out.append(Group(f"{g.name}:{infos[i].op.type}", [i], g.backward,
+                             g.recomputable and infos[i].recomputable, g.layer, order=(*g.sort_key, p)))
     return out, sorted(groups[k].name for k in split)
