@@ -14,16 +14,14 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   (or earlier: a value the plan holds until the end of a stage without using it dies at its last
   use). The anchors also make every copy differ from the others by a control input, so
   common-subexpression elimination cannot merge recomputations back (docs/design.md §6, trap 1).
-  ``order="total"`` anchors every computation; ``order="partial"`` anchors only what memory needs:
-  the recomputations (which would otherwise run as soon as their inputs exist, holding their values
-  from then on) and the backward computations (which would otherwise run in whatever order the
-  executor picks, keeping the activations they read alive longer), and lets the first forward
-  computations run in dataflow order, parallel branches in parallel. Measured on this project's test
-  models the partial order peaks where the total one does (an order that anchored only
-  recomputations peaked 15-30% higher) but saves no measurable time on two shared CPU cores
-  (experiments/wall_clock.py), so plans that recompute run in the total order. A plan that
-  recomputes nothing gets no anchor at all (``order="none"``): it is then the plain step's graph,
-  and runs as the plain step does (the default, ``order="auto"``).
+  ``order="total"`` anchors every computation on the one before it. ``order="partial"`` anchors only
+  what memory needs (:func:`partial_anchors`): every recomputation (it must wait for the frees before
+  it, and its anchor keeps it apart from the other copies), and a first computation only where running
+  it as early as its inputs allow could raise memory above the plan's peak; an anchored computation
+  waits for every computation since the previous anchor, so none runs later than that. The others run
+  in dataflow order, parallel branches and independent backward computations side by side. A plan
+  that recomputes nothing gets no anchor at all (``order="none"``): it is then the plain step's graph,
+  and runs as the plain step does.
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
 ``tf.function``; captured variables are fed as ``tf.identity`` of their handles. The generated
@@ -158,6 +156,52 @@ def _check_acyclic(nodes: Sequence[Any]) -> None:
             f"order, e.g. {stuck[:3]}; an op outside every node depends on a node and feeds another")
 
 
+def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
+    """Which computations of ``plan`` (in plan order, frees skipped) the partial order anchors.
+
+    Without an anchor TF's executor runs a computation as soon as its inputs exist. A computation is
+    left free to do so only when that cannot raise memory above the plan's own peak: its value,
+    allocated at the earliest point its inputs can exist and held until its place in the plan, is
+    added to the memory of every plan step in between (together with the values of the unanchored
+    computations accepted before it), and the sum must stay within the plan's peak. Every
+    recomputation is anchored whatever the memory says: it must wait for the frees before it (its
+    inputs exist since their first computation, typically the forward pass), and its anchor is what
+    makes it differ from the other copies, so that common-subexpression elimination cannot merge it
+    back into them.
+    """
+    mem = graph.mem
+    computes: list[int] = []
+    usage_list: list[int] = []             # plan memory while each computation runs (its output counted)
+    current = int(graph.fixed_mem)
+    for action, i in plan:
+        if action == "compute":
+            current += int(mem[i])
+            computes.append(i)
+            usage_list.append(current)
+        else:
+            current -= int(mem[i])
+    usage = np.asarray(usage_list, dtype=np.int64)
+    limit = int(usage.max()) if usage.size else 0
+    extra = np.zeros(len(computes), dtype=np.int64)
+    earliest = [0] * len(computes)         # first plan position at which the computation can be running
+    latest: dict[int, int] = {}            # node -> plan position of its current copy
+    seen: set[int] = set()
+    anchored = [False] * len(computes)
+    for c, i in enumerate(computes):
+        start = max((earliest[latest[d]] + 1 for d in graph.deps[i] if d in latest), default=0)
+        if i in seen:
+            anchored[c] = True
+        elif start < c:
+            if int((usage[start:c] + extra[start:c]).max()) + int(mem[i]) <= limit:
+                extra[start:c] += int(mem[i])
+            else:
+                anchored[c] = True
+        earliest[c] = c if anchored[c] else min(start, c)
+        seen.add(i)
+        latest[i] = c
+    return anchored
+
+
 ORDERS = ("auto", "total", "partial", "none")
 
 
@@ -196,11 +240,28 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     prev_sinks: list[str] = []
     warnings: list[str] = []
     emitted = 0
+    anchors = partial_anchors(graph, schedule.plan) if order == "partial" else None
+    position_of: dict[int, int] = {}                 # node -> plan position of its current copy
+    # partial order: the computations since the last anchored one (itself included), with their sink
+    # ops and whether a later computation reads them (then that reader orders them already)
+    window: list[list] = []
+    c = -1
 
     for step, (action, i) in enumerate(schedule.plan):
         if action == "free":
             resident.discard(i)
             continue
+        c += 1
+        if order == "total":
+            anchor_sinks = prev_sinks
+        elif order == "partial":
+            reads = {position_of[d] for d in graph.deps[i] if d in position_of}
+            for entry in window:
+                if entry[0] in reads:
+                    entry[2] = True
+            anchor_sinks = [s for entry in window if not entry[2] for s in entry[1]] if anchors[c] else []
+        else:
+            anchor_sinks = []
         k = copies[i]
         copies[i] += 1
         names = {op: copy_name(op, k) for op in node_ops[i]}
@@ -241,10 +302,9 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
                     raise InvalidScheduleError(
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
-            if (not has_inner_input and original.op not in SHAPE_OPS and order != "none"
-                    and (k > 0 or order == "total" or graph.backward[i])):
+            if not has_inner_input and original.op not in SHAPE_OPS and anchor_sinks:
                 present = {t for t in rewired if t.startswith("^")}
-                rewired.extend(f"^{s}" for s in prev_sinks if f"^{s}" not in present)
+                rewired.extend(f"^{s}" for s in anchor_sinks if f"^{s}" not in present)
             # data inputs first, then control inputs: GraphDef requires that order
             data = [t for t in rewired if not t.startswith("^")]
             ctrl_inputs = list(dict.fromkeys(t for t in rewired if t.startswith("^")))
@@ -255,6 +315,13 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
             emitted += 1
         copy_ops[(i, k)] = tuple(names[op] for op in node_ops[i])
         prev_sinks = [names[op] for op in node_ops[i] if op not in consumed_inside]
+        if anchors is not None:
+            entry = [c, prev_sinks, False]
+            if anchors[c]:
+                window = [entry]
+            else:
+                window.append(entry)
+        position_of[i] = c
         current[i] = k
         resident.add(i)
 
