@@ -14,6 +14,9 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   (or earlier: a value the plan holds until the end of a stage without using it dies at its last
   use). The anchors also make every copy differ from the others by a control input, so
   common-subexpression elimination cannot merge recomputations back (docs/design.md §6, trap 1).
+  An op that reads a variable or a constant (a matrix product, a convolution) takes its anchor through
+  a private copy of that read, a gate: Grappler's remapper fuses no op that has a control input
+  itself, and an anchored convolution would run apart from its bias add and activation.
   ``order="total"`` anchors every computation on the one before it. ``order="partial"`` anchors only
   what memory needs (:func:`partial_anchors`): every recomputation (it must wait for the frees before
   it, and its anchor keeps it apart from the other copies), and a first computation only where running
@@ -63,6 +66,10 @@ _COPY_SUFFIX = "__cm"
 # (TF 2.21 on CPU: a ShapeN anchored on a BiasAddGrad feeds the Conv2DBackpropFilter that the BiasAddGrad
 # is then fused into). They are never anchored; TF's CSE may merge their identical copies.
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# Static inputs an anchor may go through instead of the op that reads them (see rewrite_graph_def):
+# reading a variable or a constant once more costs nothing, while an op with a control input is not fused.
+GATE_OPS = frozenset({"ReadVariableOp", "Const"})
+_GATE_SUFFIX = "__cmgate"
 _probe_counter = 0
 
 
@@ -250,6 +257,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     # partial order: the computations since the last anchored one (itself included), with their sink
     # ops and whether a later computation reads them (then that reader orders them already)
     window: list[list] = []
+    gates: list = []
     c = -1
 
     for step, (action, i) in enumerate(schedule.plan):
@@ -308,8 +316,30 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
             if not has_inner_input and original.op not in SHAPE_OPS and anchor_sinks:
-                present = {t for t in rewired if t.startswith("^")}
-                rewired.extend(f"^{s}" for s in anchor_sinks if f"^{s}" not in present)
+                gate = next((t for t in rewired if not t.startswith("^") and _split_input(t)[1] in by_name
+                             and op_node.get(_split_input(t)[1]) is None
+                             and by_name[_split_input(t)[1]].op in GATE_OPS), None)
+                if gate is not None:
+                    # Grappler's remapper fuses no op with a control input (Conv2D + BiasAdd, MatMul +
+                    # BiasAdd, Conv2DBackpropFilter + BiasAddGrad): the anchor goes on a private copy
+                    # of the op's variable read or constant, which the op then reads.
+                    _, src, suffix = _split_input(gate)
+                    gated = tf.compat.v1.NodeDef()
+                    gated.CopyFrom(by_name[src])
+                    gated.name = f"{src}{_GATE_SUFFIX}{c}_{len(gates)}"
+                    if gated.name in taken:
+                        raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gated.name!r} is taken")
+                    taken.add(gated.name)
+                    gated_inputs = [t for t in original_inputs[src] if not t.startswith("^")]
+                    del gated.input[:]
+                    gated.input.extend(gated_inputs + list(dict.fromkeys(
+                        [t for t in original_inputs[src] if t.startswith("^")] + [f"^{s}" for s in anchor_sinks])))
+                    gates.append(gated)
+                    out_nodes.append(gated)
+                    rewired[rewired.index(gate)] = gated.name + suffix
+                else:
+                    present = {t for t in rewired if t.startswith("^")}
+                    rewired.extend(f"^{s}" for s in anchor_sinks if f"^{s}" not in present)
             # data inputs first, then control inputs: GraphDef requires that order
             data = [t for t in rewired if not t.startswith("^")]
             ctrl_inputs = list(dict.fromkeys(t for t in rewired if t.startswith("^")))
