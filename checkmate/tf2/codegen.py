@@ -225,9 +225,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     if order not in ORDERS:
         raise InvalidArgumentError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
     if order == "auto":
-        # Measured: experiments/results/README.md, section i. (experiments/step_order.py): on the
-        # recomputing plans of four models the partial order ran in less CPU time than the total one
-        # on every plan, with the same measured peak within a few percent of the plan's.
+        # the partial order: faster than the total one on most plans, the plan's peak kept.
+        # Measured: experiments/results/README.md, section i.
         order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "partial"
     graph = lowered.graph
     if schedule.n != graph.n:
