@@ -102,6 +102,14 @@ class RewrittenGraph:
     output_names: tuple[str, ...]               # tensors returned: loss, gradients, then any predictions
     feed_names: tuple[str, ...]                 # placeholders fed: inputs, labels, then captures
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    order: str = "total"                        # the order emitted ("auto" resolved)
+    anchored: int = 0                           # computations that wait for an anchor
+
+    def describe_order(self) -> str:
+        computations = sum(self.copies)
+        if self.order == "none":
+            return "none: the plain step's executor order, no anchor"
+        return f"{self.order}: {self.anchored} of {computations} computations wait for the plan's order"
 
 
 def _check_lowered(lowered: LoweredGraph, by_name: Mapping[str, Any]) -> None:
@@ -390,6 +398,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         output_names=outputs,
         feed_names=tuple(lowered.input_names) + tuple(lowered.label_names) + capture_names,
         warnings=tuple(warnings),
+        order=order,
+        anchored={"none": 0, "total": max(0, c), "partial": sum(anchors or ())}[order],
     )
 
 

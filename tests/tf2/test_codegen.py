@@ -323,6 +323,7 @@ def test_checkpoint_all_emits_no_copies():
     lowered = lower(model, loss, xs, ys, level="op")
     rewritten = rewrite_graph_def(lowered, checkpoint_all_schedule(lowered.graph))
     assert set(rewritten.copies) == {1}
+    assert (rewritten.order, rewritten.anchored) == ("none", 0)
     names = [nd.name for nd in rewritten.graph_def.node]
     assert len(names) == len(set(names)) == len(lowered.function.graph.as_graph_def().node)
     plain = {nd.name: list(nd.input) for nd in lowered.function.graph.as_graph_def().node}
@@ -517,6 +518,10 @@ def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
 
     assert count(partial) < count(total)
     assert not all(anchors) and any(anchors)
+    assert (partial.order, partial.anchored) == ("partial", sum(anchors))
+    assert (total.order, total.anchored) == ("total", len(computes) - 1)
+    assert rewrite_graph_def(lowered, schedule).order == "partial"      # the default for a recomputing plan
+    assert partial.describe_order().startswith(f"partial: {sum(anchors)} of {len(computes)} computations")
     with pytest.raises(Exception, match="unknown order"):
         rewrite_graph_def(lowered, schedule, order="sideways")
 
