@@ -21,7 +21,9 @@ def ran_in_fresh_process(request) -> bool:
     nodeid = request.node.nodeid
     if os.environ.get(_MARK) == nodeid:
         return False
-    proc = subprocess.run([sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+    # "-m": the default run deselects slow tests, and this one was selected already
+    proc = subprocess.run([sys.executable, "-m", "pytest", nodeid, "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "-m", "slow or not slow"],
                           cwd=str(request.config.rootpath), env={**os.environ, _MARK: nodeid},
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{nodeid} failed in a fresh process:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
