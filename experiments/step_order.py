@@ -37,8 +37,16 @@ from common import write_csv  # noqa: E402
 RESULTS = HERE / "results"
 ORDERS = ("total", "partial", "none")
 FIELDS = ["model", "budget", "nodes", "recomputations", "predicted_overhead", "predicted_step_peak_bytes", "plain_step_peak_bytes"] + \
-    [f"{o}_{what}" for o in ORDERS for what in ("wall_ratio", "cpu_ratio", "step_peak_bytes", "control_inputs")] + \
-    ["plain_ms", "status"]
+    [f"{o}_{what}" for o in ORDERS for what in ("wall_ratio", "cpu_ratio", "step_peak_bytes", "control_inputs",
+                                                 "fused_ops")] + \
+    ["plain_fused_ops", "plain_ms", "status"]
+
+
+def fused_ops(fn, x, y) -> int:
+    """Ops TF ran fused (Grappler's remapper, oneDNN: a matrix product or convolution with its bias add
+    and activation) in one fresh run of ``fn``."""
+    _, executed = fn._executed_names(x, y)
+    return sum(1 for kind in executed.values() if "Fused" in kind or "WithBias" in kind)
 
 
 def control_inputs(fn) -> int:
@@ -48,6 +56,7 @@ def control_inputs(fn) -> int:
 def run(name: str, budget: str, repeats: int, time_limit_s: float | None) -> dict:
     import keras
     import checkmate.tf2 as ct
+    from checkmate.solvers.baselines import checkpoint_all_schedule
     from checkmate.tf2.codegen import generate
     from checkmate.tf2.timing import interleaved_times
     from wall_clock import build, loss_fn, random_batch, step_peak
@@ -75,6 +84,9 @@ def run(name: str, budget: str, repeats: int, time_limit_s: float | None) -> dic
     for order, fn in fns.items():
         row[f"{order}_step_peak_bytes"] = step_peak(fn.call_flat, *flat)
         row[f"{order}_control_inputs"] = control_inputs(fn)
+        row[f"{order}_fused_ops"] = fused_ops(fn, x, y)
+    # what the plain step runs: the generated step of a plan that recomputes nothing executes its graph
+    row["plain_fused_ops"] = fused_ops(generate(step.lowered, checkpoint_all_schedule(step.graph)), x, y)
     walls, cpus = interleaved_times([*(fn.call_flat for fn in fns.values()), plain], *flat, repeats=repeats)
     for k, order in enumerate(fns):
         row[f"{order}_wall_ratio"] = round(walls[k] / walls[-1], 4)
@@ -91,18 +103,20 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"Command: `{meta['command']}`  ", f"Device: {meta['device']}; started {meta['started']} UTC, "
              f"{meta['seconds']:.0f} s.", "",
              "Ratios to the plain traced step, interleaved in one process, median of the repeats (wall / process "
-             "CPU). Peaks in MiB above parameters and batch; `ctrl` counts control inputs in the GraphDef.", "",
-             "| model | budget | recomp. | predicted | peak pred. | plain peak | order | wall | CPU | peak | ctrl |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "CPU). Peaks in MiB above parameters and batch; `ctrl` counts control inputs in the GraphDef; "
+             "`fused` counts the ops TF ran fused (plain step: in brackets).", "",
+             "| model | budget | recomp. | predicted | peak pred. | plain peak | order | wall | CPU | peak | ctrl | fused |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |")
             continue
         for order in ORDERS:
             lines.append(f"| {r['model']} | {r['budget']} | {r['recomputations']} | {x(r['predicted_overhead'])} | "
                          f"{mib(r['predicted_step_peak_bytes'])} | {mib(r['plain_step_peak_bytes'])} | {order} | "
                          f"{x(r[f'{order}_wall_ratio'])} | {x(r[f'{order}_cpu_ratio'])} | "
-                         f"{mib(r[f'{order}_step_peak_bytes'])} | {r[f'{order}_control_inputs']} |")
+                         f"{mib(r[f'{order}_step_peak_bytes'])} | {r[f'{order}_control_inputs']} | "
+                         f"{r.get(f'{order}_fused_ops', '-')} ({r.get('plain_fused_ops', '-')}) |")
     return "\n".join(lines) + "\n"
 
 
