@@ -469,7 +469,8 @@ def _diamond(out_mem):
 def test_partial_order_anchors_a_computation_only_where_running_early_exceeds_the_plan_peak():
     # plan memory 4, 5, 9, (8), 9, (5), 5 + out: d (1 byte) run beside c (plan memory 9) is 10 bytes
     graph, plan = _diamond(out_mem=1)        # plan peak 9: d early would exceed it
-    assert partial_anchors(graph, plan) == [False, False, False, True, False]
+    # e too: b, freed after c, may be freed late if c runs late (6 + 4 > 9 counts a, which d frees)
+    assert partial_anchors(graph, plan) == [False, False, False, True, True]
     graph, plan = _diamond(out_mem=8)        # plan peak 13 (at e): d early stays under it
     # e, once d ran early, could start while the plan still holds d (9 + 8 > 13): anchored
     assert partial_anchors(graph, plan) == [False, False, False, False, True]
@@ -480,8 +481,19 @@ def test_partial_order_anchors_every_recomputation():
     plan = [("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1), ("compute", 0),
             ("compute", 3), ("free", 0), ("compute", 4)]
     # the second computation of a is anchored though its inputs (none) exist from the start and the
-    # plan's peak would allow it; d, reading that copy, needs no anchor of its own
-    assert partial_anchors(graph, plan) == [False, False, False, True, False, False]
+    # plan's peak would allow it; d, reading that copy, needs no anchor of its own (e does: a, freed
+    # after d, may be freed late, and 13 + 4 exceeds the plan's peak)
+    assert partial_anchors(graph, plan) == [False, False, False, True, False, True]
+
+
+def test_partial_order_anchors_every_backward_computation():
+    graph, plan = _diamond(out_mem=8)
+    backward = Graph([Node(nd.id, nd.name, nd.cost, nd.mem, backward=nd.id >= 3, output=nd.output)
+                      for nd in graph.nodes], graph.edges)
+    # d (1 byte, room to spare under the peak of 13) is left free in the forward pass, not as a
+    # backward computation
+    assert partial_anchors(graph, plan)[3] is False
+    assert partial_anchors(backward, plan)[3:] == [True, True]
 
 
 def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
@@ -546,7 +558,8 @@ def test_partial_order_keeps_the_plans_memory(request):
         fn = generate(lowered, schedule, order=order)
         # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory)
         peaks[order] = measure_peak_memory(fn.call_flat, *fn.flat_args(x, y), repeats=2, reduce="min")
-    assert peaks["partial"] <= 1.05 * peaks["total"], peaks
+    # the allocator hands out whole chunks (0.5 MiB steps at these 7-8 MiB peaks): one chunk apart
+    assert peaks["partial"] <= 1.10 * peaks["total"], peaks
     assert peaks["partial"] <= 1.15 * predicted, (peaks, predicted)
     assert peaks["none"] > 1.15 * peaks["partial"], peaks
 
