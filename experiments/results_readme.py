@@ -1007,10 +1007,10 @@ TUNED_CONSTANTS = [
      "A 326-node diffusion-style U-Net at 50%: the old floor and the hierarchical strategy refused it "
      "(minimum 374 MB); the linearized Chen greedy fits it at 318.8 MB, 1.276x, in 0.9 s."),
     ("`order=\"auto\"` (`tf2/codegen.py`)", "`\"partial\"` for a plan that recomputes",
-     "`experiments/step_order.py`, 21 repeats, the same plan in each order (total / partial), wall time: "
-     "transformer 70% 1.183x / 1.047x, 50% 1.273x / 1.083x; residual MLP 1.132x / 1.050x, 1.212x / 1.133x; "
-     "U-Net 70% 1.260x / 1.223x; residual CNN 1.053x / 1.098x, 1.315x / 1.320x. Peaks at or below the "
-     "plan's prediction on six of seven plans, 6% above on the CNN at 70% (the total order 12% above)."),
+     "`experiments/step_order.py`, 21 repeats, the same plan in each order, CPU time total / partial: "
+     "transformer 70% 1.138x / 1.073x, 50% 1.204x / 1.149x; residual MLP 1.161x / 1.143x, 1.119x / 1.080x; "
+     "U-Net 70% 1.246x / 1.247x; residual CNN 1.242x / 1.236x, 1.295x / 1.341x (wall time: partial faster "
+     "on 4 of 7). Peaks of both orders within 0.7 MiB of each other on every plan."),
     ("`DEFAULT_TIME_BUDGET_S` (`tf2/profiling.py`)", "5 s",
      "A 500-node layer graph on two shared CPU cores measures about 100-200 nodes in this time (nodes "
      "repeated across blocks share one measurement); a 494-node transformer took about 11 s of profiling "

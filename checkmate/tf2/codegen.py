@@ -24,8 +24,8 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   where running it as early as its inputs allow could raise memory above the plan's peak; an anchored
   computation waits for every computation since the previous anchor, so none runs later than that.
   The other forward computations run in dataflow order, parallel branches side by side; this is
-  the default (``order="auto"``) for a plan that recomputes, measured faster than the total order with
-  the plan's memory kept (experiments/step_order.py). A plan that recomputes nothing gets no anchor
+  the default (``order="auto"``) for a plan that recomputes, measured in less CPU time than the total
+  order on most plans, at the total order's peak (experiments/step_order.py). A plan that recomputes nothing gets no anchor
   at all (``order="none"``): it is then the plain step's graph, and runs as the plain step does.
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
@@ -252,7 +252,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     if order not in ORDERS:
         raise InvalidArgumentError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
     if order == "auto":
-        # the partial order: faster than the total one on most plans, the plan's peak kept.
+        # the partial order: less time than the total one on most plans, at the same peak.
         # Measured: experiments/results/README.md, section i.
         order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "partial"
     graph = lowered.graph
