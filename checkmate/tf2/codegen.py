@@ -71,6 +71,12 @@ SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # reading a variable or a constant once more costs nothing, while an op with a control input is not fused.
 GATE_OPS = frozenset({"ReadVariableOp", "Const"})
 _GATE_SUFFIX = "__cmgate"
+_WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
+
+
+def _reads_written(node: Any, written: set) -> bool:
+    """Whether ``node`` reads a variable in ``written`` (its first input is the variable's handle)."""
+    return node.op == "ReadVariableOp" and bool(node.input) and _split_input(node.input[0])[1] in written
 _probe_counter = 0
 
 
@@ -284,6 +290,14 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     # ops and whether a later computation reads them (then that reader orders them already)
     window: list[list] = []
     gates: list = []
+    # variables the step writes (optimizer updates, BatchNorm statistics, dropout seeds): a read of one
+    # must stay where it is, so it is never a gate (a later read would see the written value)
+    written = {_split_input(nd.input[0])[1] for nd in source.node
+               if nd.input and nd.op.startswith(_WRITE_PREFIXES)}
+    # No gates under a tf.distribute strategy: with gated variable reads one worker of a
+    # MultiWorkerMirroredStrategy computed other losses than Keras (tests/tf2/test_distribute.py), for a
+    # reason not found yet; there the anchors stay on the ops themselves.
+    gate_ops = GATE_OPS if lowered.distribution is None else frozenset()
     c = -1
 
     for step, (action, i) in enumerate(schedule.plan):
@@ -344,7 +358,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
             if not has_inner_input and original.op not in SHAPE_OPS and anchor_sinks:
                 gate = next((t for t in rewired if not t.startswith("^") and _split_input(t)[1] in by_name
                              and op_node.get(_split_input(t)[1]) is None
-                             and by_name[_split_input(t)[1]].op in GATE_OPS), None)
+                             and by_name[_split_input(t)[1]].op in gate_ops
+                             and not _reads_written(by_name[_split_input(t)[1]], written)), None)
                 if gate is not None:
                     # Grappler's remapper fuses no op with a control input (Conv2D + BiasAdd, MatMul +
                     # BiasAdd, Conv2DBackpropFilter + BiasAddGrad): the anchor goes on a private copy
