@@ -14,16 +14,19 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   (or earlier: a value the plan holds until the end of a stage without using it dies at its last
   use). The anchors also make every copy differ from the others by a control input, so
   common-subexpression elimination cannot merge recomputations back (docs/design.md §6, trap 1).
-  ``order="total"`` anchors every computation; ``order="partial"`` anchors only what memory needs:
-  the recomputations (which would otherwise run as soon as their inputs exist, holding their values
-  from then on) and the backward computations (which would otherwise run in whatever order the
-  executor picks, keeping the activations they read alive longer), and lets the first forward
-  computations run in dataflow order, parallel branches in parallel. Measured on this project's test
-  models the partial order peaks where the total one does (an order that anchored only
-  recomputations peaked 15-30% higher) but saves no measurable time on two shared CPU cores
-  (experiments/wall_clock.py), so plans that recompute run in the total order. A plan that
-  recomputes nothing gets no anchor at all (``order="none"``): it is then the plain step's graph,
-  and runs as the plain step does (the default, ``order="auto"``).
+  An op that reads a variable or a constant (a matrix product, a convolution) takes its anchor through
+  a private copy of that read, a gate: Grappler's remapper fuses no op that has a control input
+  itself, and an anchored convolution would run apart from its bias add and activation.
+  ``order="total"`` anchors every computation on the one before it. ``order="partial"`` anchors only
+  what memory needs (:func:`partial_anchors`): every recomputation (it must wait for the frees before
+  it, and its anchor keeps it apart from the other copies), every backward computation (backward ops
+  run side by side hold temporaries the plan does not count), and a first forward computation only
+  where running it as early as its inputs allow could raise memory above the plan's peak; an anchored
+  computation waits for every computation since the previous anchor, so none runs later than that.
+  The other forward computations run in dataflow order, parallel branches side by side; this is
+  the default (``order="auto"``) for a plan that recomputes, measured in less CPU time than the total
+  order on most plans, at the total order's peak (experiments/step_order.py). A plan that recomputes nothing gets no anchor
+  at all (``order="none"``): it is then the plain step's graph, and runs as the plain step does.
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
 ``tf.function``; captured variables are fed as ``tf.identity`` of their handles. The generated
@@ -64,6 +67,16 @@ _COPY_SUFFIX = "__cm"
 # (TF 2.21 on CPU: a ShapeN anchored on a BiasAddGrad feeds the Conv2DBackpropFilter that the BiasAddGrad
 # is then fused into). They are never anchored; TF's CSE may merge their identical copies.
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
+# Static inputs an anchor may go through instead of the op that reads them (see rewrite_graph_def):
+# reading a variable or a constant once more costs nothing, while an op with a control input is not fused.
+GATE_OPS = frozenset({"ReadVariableOp", "Const"})
+_GATE_SUFFIX = "__cmgate"
+_WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
+
+
+def _reads_written(node: Any, written: set) -> bool:
+    """Whether ``node`` reads a variable in ``written`` (its first input is the variable's handle)."""
+    return node.op == "ReadVariableOp" and bool(node.input) and _split_input(node.input[0])[1] in written
 _probe_counter = 0
 
 
@@ -96,6 +109,14 @@ class RewrittenGraph:
     output_names: tuple[str, ...]               # tensors returned: loss, gradients, then any predictions
     feed_names: tuple[str, ...]                 # placeholders fed: inputs, labels, then captures
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    order: str = "total"                        # the order emitted ("auto" resolved)
+    anchored: int = 0                           # computations that wait for an anchor
+
+    def describe_order(self) -> str:
+        computations = sum(self.copies)
+        if self.order == "none":
+            return "none: the plain step's executor order, no anchor"
+        return f"{self.order}: {self.anchored} of {computations} computations wait for the plan's order"
 
 
 def _check_lowered(lowered: LoweredGraph, by_name: Mapping[str, Any]) -> None:
@@ -158,6 +179,70 @@ def _check_acyclic(nodes: Sequence[Any]) -> None:
             f"order, e.g. {stuck[:3]}; an op outside every node depends on a node and feeds another")
 
 
+def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
+    """Which computations of ``plan`` (in plan order, frees skipped) the partial order anchors.
+
+    Without an anchor TF's executor runs a computation as soon as its inputs exist. A computation is
+    left free to do so only when that cannot raise memory above the plan's own peak: its value,
+    allocated at the earliest point its inputs can exist and held until its place in the plan, is
+    added to the memory of every plan step in between (together with the values of the unanchored
+    computations accepted before it), and the sum must stay within the plan's peak; so must the plan's
+    memory at its place plus what the plan frees after the computations since the last anchor, which
+    may run late (up to the next anchor, which waits for them) and so free late. Every
+    recomputation is anchored whatever the memory says: it must wait for the frees before it (its
+    inputs exist since their first computation, typically the forward pass), and its anchor is what
+    makes it differ from the other copies, so that common-subexpression elimination cannot merge it
+    back into them. Every backward computation is anchored too: backward ops run side by side hold
+    their temporaries (a convolution's gradient workspace) at once, which the plan does not count; on
+    a U-Net at 50% of its checkpoint-all peak, backward computations left free measured 8.0-8.7 MB
+    against 7.4 MB planned, anchored 6.8-7.3 MB.
+    """
+    mem = graph.mem
+    computes: list[int] = []
+    usage_list: list[int] = []             # plan memory while each computation runs (its output counted)
+    freed_after: list[int] = []            # bytes the plan frees between a computation and the next
+    current = int(graph.fixed_mem)
+    for action, i in plan:
+        if action == "compute":
+            current += int(mem[i])
+            computes.append(i)
+            usage_list.append(current)
+            freed_after.append(0)
+        else:
+            current -= int(mem[i])
+            if freed_after:
+                freed_after[-1] += int(mem[i])
+    usage = np.asarray(usage_list, dtype=np.int64)
+    limit = int(usage.max()) if usage.size else 0
+    extra = np.zeros(len(computes), dtype=np.int64)
+    earliest = [0] * len(computes)         # first plan position at which the computation can be running
+    latest: dict[int, int] = {}            # node -> plan position of its current copy
+    seen: set[int] = set()
+    anchored = [False] * len(computes)
+    late = 0        # bytes the plan has freed since the last anchor whose frees may come late (below)
+    for c, i in enumerate(computes):
+        start = max((earliest[latest[d]] + 1 for d in graph.deps[i] if d in latest), default=0)
+        if i in seen or graph.backward[i] or int(usage[c]) + late > limit:
+            anchored[c] = True
+        elif start < c:
+            if int((usage[start:c] + extra[start:c]).max()) + int(mem[i]) <= limit:
+                extra[start:c] += int(mem[i])
+            else:
+                anchored[c] = True
+        # A computation left free may also run late, up to the next anchored one (which waits for it):
+        # a value the plan frees after it, or after any computation since the last anchor, may then
+        # still be held. An anchored computation starts once those frees are done.
+        if anchored[c]:
+            late = 0
+        else:
+            extra[c] += late
+        late += freed_after[c]
+        earliest[c] = c if anchored[c] else min(start, c)
+        seen.add(i)
+        latest[i] = c
+    return anchored
+
+
 ORDERS = ("auto", "total", "partial", "none")
 
 
@@ -165,14 +250,17 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     """Emit the GraphDef that executes ``schedule.plan`` (see the module docstring).
 
     ``order``: ``"total"`` anchors every computation on the plan step before it; ``"partial"`` only
-    the recomputations and the backward computations; ``"none"`` nothing (the plain step's graph
-    when nothing is recomputed); ``"auto"`` (default): ``"none"`` for a schedule that recomputes
-    nothing, else ``"total"``.
+    what memory needs (:func:`partial_anchors`); ``"none"`` nothing (the plain step's graph when
+    nothing is recomputed; with recomputations TF may run them early or merge them back, and the
+    step peaks near the plain one); ``"auto"`` (default): ``"none"`` for a schedule that recomputes
+    nothing, else ``"partial"``.
     """
     if order not in ORDERS:
         raise InvalidArgumentError(f"unknown order {order!r}: expected one of {', '.join(ORDERS)}")
     if order == "auto":
-        order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "total"
+        # the partial order: less time than the total one on most plans, at the same peak.
+        # Measured: experiments/results/README.md, section i.
+        order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "partial"
     graph = lowered.graph
     if schedule.n != graph.n:
         raise InvalidScheduleError(f"the schedule is for {schedule.n} nodes; the graph has {graph.n}")
@@ -196,11 +284,37 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     prev_sinks: list[str] = []
     warnings: list[str] = []
     emitted = 0
+    anchors = partial_anchors(graph, schedule.plan) if order == "partial" else None
+    position_of: dict[int, int] = {}                 # node -> plan position of its current copy
+    # partial order: the computations since the last anchored one (itself included), with their sink
+    # ops and whether a later computation reads them (then that reader orders them already)
+    window: list[list] = []
+    gates: list = []
+    # variables the step writes (optimizer updates, BatchNorm statistics, dropout seeds): a read of one
+    # must stay where it is, so it is never a gate (a later read would see the written value)
+    written = {_split_input(nd.input[0])[1] for nd in source.node
+               if nd.input and nd.op.startswith(_WRITE_PREFIXES)}
+    # No gates under a tf.distribute strategy: with gated variable reads one worker of a
+    # MultiWorkerMirroredStrategy computed other losses than Keras (tests/tf2/test_distribute.py), for a
+    # reason not found yet; there the anchors stay on the ops themselves.
+    gate_ops = GATE_OPS if lowered.distribution is None else frozenset()
+    c = -1
 
     for step, (action, i) in enumerate(schedule.plan):
         if action == "free":
             resident.discard(i)
             continue
+        c += 1
+        if order == "total":
+            anchor_sinks = prev_sinks
+        elif order == "partial":
+            reads = {position_of[d] for d in graph.deps[i] if d in position_of}
+            for entry in window:
+                if entry[0] in reads:
+                    entry[2] = True
+            anchor_sinks = [s for entry in window if not entry[2] for s in entry[1]] if anchors[c] else []
+        else:
+            anchor_sinks = []
         k = copies[i]
         copies[i] += 1
         names = {op: copy_name(op, k) for op in node_ops[i]}
@@ -241,10 +355,32 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
                     raise InvalidScheduleError(
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
-            if (not has_inner_input and original.op not in SHAPE_OPS and order != "none"
-                    and (k > 0 or order == "total" or graph.backward[i])):
-                present = {t for t in rewired if t.startswith("^")}
-                rewired.extend(f"^{s}" for s in prev_sinks if f"^{s}" not in present)
+            if not has_inner_input and original.op not in SHAPE_OPS and anchor_sinks:
+                gate = next((t for t in rewired if not t.startswith("^") and _split_input(t)[1] in by_name
+                             and op_node.get(_split_input(t)[1]) is None
+                             and by_name[_split_input(t)[1]].op in gate_ops
+                             and not _reads_written(by_name[_split_input(t)[1]], written)), None)
+                if gate is not None:
+                    # Grappler's remapper fuses no op with a control input (Conv2D + BiasAdd, MatMul +
+                    # BiasAdd, Conv2DBackpropFilter + BiasAddGrad): the anchor goes on a private copy
+                    # of the op's variable read or constant, which the op then reads.
+                    _, src, suffix = _split_input(gate)
+                    gated = tf.compat.v1.NodeDef()
+                    gated.CopyFrom(by_name[src])
+                    gated.name = f"{src}{_GATE_SUFFIX}{c}_{len(gates)}"
+                    if gated.name in taken:
+                        raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gated.name!r} is taken")
+                    taken.add(gated.name)
+                    gated_inputs = [t for t in original_inputs[src] if not t.startswith("^")]
+                    del gated.input[:]
+                    gated.input.extend(gated_inputs + list(dict.fromkeys(
+                        [t for t in original_inputs[src] if t.startswith("^")] + [f"^{s}" for s in anchor_sinks])))
+                    gates.append(gated)
+                    out_nodes.append(gated)
+                    rewired[rewired.index(gate)] = gated.name + suffix
+                else:
+                    present = {t for t in rewired if t.startswith("^")}
+                    rewired.extend(f"^{s}" for s in anchor_sinks if f"^{s}" not in present)
             # data inputs first, then control inputs: GraphDef requires that order
             data = [t for t in rewired if not t.startswith("^")]
             ctrl_inputs = list(dict.fromkeys(t for t in rewired if t.startswith("^")))
@@ -255,6 +391,13 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
             emitted += 1
         copy_ops[(i, k)] = tuple(names[op] for op in node_ops[i])
         prev_sinks = [names[op] for op in node_ops[i] if op not in consumed_inside]
+        if anchors is not None:
+            entry = [c, prev_sinks, False]
+            if anchors[c]:
+                window = [entry]
+            else:
+                window.append(entry)
+        position_of[i] = c
         current[i] = k
         resident.add(i)
 
@@ -289,6 +432,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         output_names=outputs,
         feed_names=tuple(lowered.input_names) + tuple(lowered.label_names) + capture_names,
         warnings=tuple(warnings),
+        order=order,
+        anchored={"none": 0, "total": max(0, c), "partial": sum(anchors or ())}[order],
     )
 
 

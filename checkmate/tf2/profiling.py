@@ -132,7 +132,9 @@ def flops_cost(graph: tf.Graph, op_names: Iterable[str]) -> float:
 
 
 # ------------------------------------------------------------------------------------------ profiling
-PROFILE_FORMAT = "checkmate-profile/1"
+# /2: a node's time_us is its time alone; the step's scheduling share is an entry of its own per step
+PROFILE_FORMAT = "checkmate-profile/2"
+_STEP_PREFIX = "step-launch:"
 CACHE_ENV = "CHECKMATE_CACHE_DIR"
 # Below this the measurement is call overhead, not work: no node is cheaper than this (microseconds).
 MIN_TIME_US = 1.0
@@ -185,7 +187,9 @@ class ProfileCache:
 
     def __init__(self, directory: "str | os.PathLike | None" = None, device: str | None = None):
         self.device = device or device_description()
-        self.path = cache_dir(directory) / f"{_slug(self.device)}.json"
+        # the format in the name: a cache of another format (with other meanings of time_us) is left
+        # to the version that reads it rather than overwritten
+        self.path = cache_dir(directory) / f"{_slug(self.device)}-{PROFILE_FORMAT.rsplit('/', 1)[1]}.json"
         self.entries: dict[str, dict] = {}
         self.calibration: dict | None = None     # the device's figures for the estimate (calibrate())
         self._dirty = False
@@ -237,6 +241,7 @@ class ProfileResult:
     misses: int
     cache_path: str | None
     estimated: int = 0      # nodes that cost their calibrated estimate (time budget spent, or not runnable alone)
+    launch_us_per_op: float = 0.0   # each op's share of the plain step's scheduling time, in every node's cost
 
 
 @dataclass
@@ -479,10 +484,14 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     a node reads from outside; then each node's ops run alone, as one pruned function fed with those
     values: ``warmup`` untimed calls, then ``repeats`` timed ones (up to three times as many while
     the samples spread by more than 20%). The cost is the :func:`robust_median` time minus the
-    measured overhead of calling an empty function, at least ``MIN_TIME_US`` microseconds.
+    measured overhead of calling an empty function, at least ``MIN_TIME_US`` microseconds, plus the
+    node's ops' share of the step's scheduling time: the plain step's time beyond the sum of its
+    nodes' times, per op (``ProfileResult.launch_us_per_op``), the same share for every node of the
+    step, measured or read from the cache.
     Nodes with equal keys are measured once. Results are cached per device under :func:`cache_dir`,
-    keyed by the node's op types, attributes, wiring, constant inputs and input shapes and dtypes;
-    variables the step assigns (BatchNorm statistics, dropout seeds) are restored afterwards.
+    keyed by the node's op types, attributes, wiring, constant inputs and input shapes and dtypes (a
+    node's time alone), and per step (its share); variables the step assigns (BatchNorm statistics,
+    dropout seeds) are restored afterwards.
 
     ``time_budget_s`` bounds the measuring (None: no bound): the nodes are measured in decreasing
     order of their calibrated estimate (:func:`estimate_cost`), and those left when it runs out, or
@@ -497,26 +506,34 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     graph_def = graph.as_graph_def()
     programs = [_node_program(graph, graph_def, list(ops)) for ops in node_ops]
     cache = ProfileCache(cache_dir) if use_cache else None
-    costs: list[float | None] = [cache.get(p.key) if cache else None for p in programs]
-    hits = sum(c is not None for c in costs)
-    todo = [k for k, c in enumerate(costs) if c is None]
+    # A node's cached time is its own (measured alone); the scheduling share below belongs to the step
+    # the node runs in, so it is cached per step (every node's key and op count), not per node: a node
+    # read from the cache then costs what a measured one does, in whichever step it was first measured.
+    step_key = _STEP_PREFIX + hashlib.sha256(json.dumps([[p.key, len(ops)] for p, ops in zip(programs, node_ops)])
+                                             .encode()).hexdigest()
+    alone: list[float | None] = [cache.get(p.key) if cache else None for p in programs]
+    launch_us = cache.get(step_key) if cache else None
+    hits = sum(c is not None for c in alone)
+    todo = [k for k, c in enumerate(alone) if c is None]
     estimated: set[int] = set()
     measured_keys: dict[str, float] = {}
     raw: dict[str, tuple[float, float]] = {}
     step_us: float | None = None
-    if todo:
-        calibration = calibrate(cache)
-        guess = {k: estimate_cost(graph, node_ops[k], calibration) for k in todo}
-        # one measurement per distinct key, largest estimates first
-        order: list[int] = []
-        first_of: dict[str, int] = {}
-        for k in sorted(todo, key=lambda k: -guess[k]):
-            if programs[k].key not in first_of:
-                first_of[programs[k].key] = k
-                order.append(k)
-        snapshot = [(h, dt, tf.raw_ops.ReadVariableOp(resource=h, dtype=dt)) for h, dt in _written_variables(function)]
-        started = time.perf_counter()
-        try:
+    values = None
+    snapshot = [(h, dt, tf.raw_ops.ReadVariableOp(resource=h, dtype=dt)) for h, dt in _written_variables(function)] \
+        if todo or launch_us is None else []
+    try:
+        if todo:
+            calibration = calibrate(cache)
+            guess = {k: estimate_cost(graph, node_ops[k], calibration) for k in todo}
+            # one measurement per distinct key, largest estimates first
+            order: list[int] = []
+            first_of: dict[str, int] = {}
+            for k in sorted(todo, key=lambda k: -guess[k]):
+                if programs[k].key not in first_of:
+                    first_of[programs[k].key] = k
+                    order.append(k)
+            started = time.perf_counter()
             try:
                 values = _record_inputs(function, graph_def, programs, order, input_names, label_names, batch, seed)
             except (tf.errors.OpError, ValueError, TypeError, KeyError):
@@ -535,44 +552,55 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                     continue     # a node that cannot run alone keeps its estimate
                 measured_keys[p.key] = max(MIN_TIME_US, median - overhead)
                 raw[p.key] = (median, overhead)
-            step_us = _step_time_us(function, values, input_names, label_names, repeats, warmup) \
-                if values is not None else None
-        finally:
-            for h, _, value in snapshot:
-                tf.raw_ops.AssignVariableOp(resource=h, value=value)
-        ratios = [measured_keys[programs[k].key] / guess[k] for k in todo if programs[k].key in measured_keys]
-        scale = float(np.median(ratios)) if ratios else 1.0
-        for k in todo:
-            if programs[k].key in measured_keys:
-                costs[k] = measured_keys[programs[k].key]
-            else:
-                costs[k] = max(MIN_TIME_US, guess[k] * scale)
-                estimated.add(k)
-        # Each op also costs its scheduling inside the step, which a node timed alone does not show
-        # (the call overhead subtracted above is the function's, not its ops'): the plain step's time
-        # beyond the nodes' sum is shared out per op, so that a recomputation of many small ops (a
-        # LayerNormalization) costs what it adds to the step.
+            ratios = [measured_keys[programs[k].key] / guess[k] for k in todo if programs[k].key in measured_keys]
+            scale = float(np.median(ratios)) if ratios else 1.0
+            for k in todo:
+                if programs[k].key in measured_keys:
+                    alone[k] = measured_keys[programs[k].key]
+                else:
+                    alone[k] = max(MIN_TIME_US, guess[k] * scale)
+                    estimated.add(k)
+        if launch_us is None:
+            step_us = _step_time_us(function, values, input_names, label_names, repeats, warmup, batch, seed)
+    finally:
+        for h, _, value in snapshot:
+            tf.raw_ops.AssignVariableOp(resource=h, value=value)
+    # Each op also costs its scheduling inside the step, which a node timed alone does not show (the
+    # call overhead subtracted above is the function's, not its ops'): the plain step's time beyond
+    # the nodes' sum is shared out per op, so that a recomputation of many small ops (a
+    # LayerNormalization) costs what it adds to the step.
+    fresh_share = launch_us is None
+    if launch_us is None:
         launch_us = 0.0
         if step_us is not None:
             ops_total = sum(len(ops) for ops in node_ops)
-            launch_us = max(0.0, step_us - _call_overhead_us(repeats, warmup) - sum(costs)) / max(1, ops_total)
+            launch_us = max(0.0, step_us - _call_overhead_us(repeats, warmup) - sum(alone)) / max(1, ops_total)
+    costs = [float(a) + launch_us * len(ops) for a, ops in zip(alone, node_ops)]
+    if cache is not None:
         for k in todo:
-            costs[k] += launch_us * len(node_ops[k])
             key = programs[k].key
-            if cache is not None and key in measured_keys:
+            if key in measured_keys:
                 median, call_us = raw[key]
-                cache.put(key, costs[k], ops=programs[k].summary, repeats=repeats, median_us=median,
-                          overhead_us=call_us, step_launch_us_per_op=launch_us)
-        if cache is not None:
-            cache.save()
-    return ProfileResult([float(c) for c in costs], hits, len(todo), str(cache.path) if cache else None,
-                         estimated=len(estimated))
+                cache.put(key, alone[k], ops=programs[k].summary, repeats=repeats, median_us=median,
+                          overhead_us=call_us)
+        # a share computed with estimated nodes in its sum is not cached: it changes once they are measured
+        if fresh_share and step_us is not None and not estimated:
+            cache.put(step_key, launch_us, kind="step_launch_us_per_op", nodes=len(programs), step_us=step_us)
+        cache.save()
+    return ProfileResult(costs, hits, len(todo), str(cache.path) if cache else None,
+                         estimated=len(estimated), launch_us_per_op=float(launch_us))
 
 
-def _step_time_us(function, values: dict, input_names, label_names, repeats: int, warmup: int) -> float | None:
-    """Robust median time of the whole plain step on the recorded batch (None if it cannot run)."""
+def _step_time_us(function, values: dict | None, input_names, label_names, repeats: int, warmup: int,
+                  batch=None, seed: int = 0) -> float | None:
+    """Robust median time of the whole plain step on the recorded batch (``values``; without it, on
+    ``batch`` or the stand-in batch) (None if it cannot run)."""
     try:
-        args = [values[f"{name}:0"] for name in (*input_names, *label_names)]
+        if values is not None:
+            args = [values[f"{name}:0"] for name in (*input_names, *label_names)]
+        else:
+            args = list(batch) if batch is not None else _batch_values(function, input_names, label_names, seed)
+            args = [tf.convert_to_tensor(v) for v in tf.nest.flatten(args)]
         return _time_us(lambda *a: function(*a), args, repeats, warmup)
     except (tf.errors.OpError, ValueError, TypeError, KeyError):
         return None

@@ -361,6 +361,7 @@ class CompiledStep:
             + (f"; measured {self.measured.ratio:.3f}x the plain step ({self.measured.describe()})"
                if self.measured is not None else "; measured: not yet (step.measure_time())"),
             f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
+            f"  order           {self.function.rewritten.describe_order()}",
             f"  solve time      {r.solve_seconds:.2f} s",
         ]
         if self.distribution is not None:

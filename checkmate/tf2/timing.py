@@ -77,7 +77,9 @@ def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
 def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tuple[list[float], list[float]]:
     """Median wall seconds and median process CPU seconds of each ``fn(*args)``, the functions called in
     turn ``repeats`` times (after one warm-up call each), so that a load that comes and goes on a
-    shared machine falls on all of them alike."""
+    shared machine falls on all of them alike. Each round starts one function further on (round ``r``
+    calls ``fns[r % n]`` first), so that no function is always the one called right after another
+    (with the caches and thread pools that one left behind) or always the first of a round."""
     def run(fn):
         out = fn(*args)
         for t in tf.nest.flatten(out)[:1]:     # wait for the values (a GPU returns early)
@@ -87,8 +89,10 @@ def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tupl
         run(fn)
     wall: list[list[float]] = [[] for _ in fns]
     cpu: list[list[float]] = [[] for _ in fns]
-    for _ in range(max(1, repeats)):
-        for k, fn in enumerate(fns):
+    n = len(fns)
+    for r in range(max(1, repeats)):
+        for k in [(r + j) % n for j in range(n)]:
+            fn = fns[k]
             start, cpu_start = time.perf_counter(), time.process_time()
             run(fn)
             wall[k].append(time.perf_counter() - start)

@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
@@ -18,13 +19,17 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 from checkmate.errors import InvalidGraphError, InvalidScheduleError  # noqa: E402
-from checkmate.graph import Graph  # noqa: E402
+from checkmate.graph import Graph, Node  # noqa: E402
 from checkmate.schedule import Schedule  # noqa: E402
 from checkmate.solvers import checkpoint_all_peak, solve  # noqa: E402
 from checkmate.solvers.baselines import checkpoint_all_schedule  # noqa: E402
 from checkmate.tf2 import _compat  # noqa: E402
-from checkmate.tf2.codegen import generate, rewrite_graph_def  # noqa: E402
+from checkmate.tf2.codegen import _GATE_SUFFIX as GATE_SUFFIX  # noqa: E402
+from checkmate.tf2.codegen import generate, partial_anchors, rewrite_graph_def  # noqa: E402
 from checkmate.tf2.lowering import lower  # noqa: E402
+from checkmate.tf2.memory import measure_peak_memory  # noqa: E402
+from checkmate.tf2.step import predicted_step_peak  # noqa: E402
+from isolation import ran_in_fresh_process  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -318,6 +323,7 @@ def test_checkpoint_all_emits_no_copies():
     lowered = lower(model, loss, xs, ys, level="op")
     rewritten = rewrite_graph_def(lowered, checkpoint_all_schedule(lowered.graph))
     assert set(rewritten.copies) == {1}
+    assert (rewritten.order, rewritten.anchored) == ("none", 0)
     names = [nd.name for nd in rewritten.graph_def.node]
     assert len(names) == len(set(names)) == len(lowered.function.graph.as_graph_def().node)
     plain = {nd.name: list(nd.input) for nd in lowered.function.graph.as_graph_def().node}
@@ -326,14 +332,92 @@ def test_checkpoint_all_emits_no_copies():
     assert {nd.name: list(nd.input) for nd in total.graph_def.node} != plain
 
 
+def _executed_structure(run):
+    """What TF ran after its optimizations, names aside: a count of (op type, data input op types,
+    control input op types) over every executed graph, and how many graphs there were."""
+    graphs = _compat.executed_graph_defs(run)
+    shape = collections.Counter()
+    for gdef in graphs:
+        types = {nd.name: nd.op for nd in gdef.node}
+        for nd in gdef.node:
+            data = tuple(types.get(_split(t), "?") for t in nd.input if not t.startswith("^"))
+            control = tuple(sorted(types.get(t[1:], "?") for t in nd.input if t.startswith("^")))
+            shape[(nd.op, data, control)] += 1
+    return shape, len(graphs)
+
+
+def _split(text):
+    return text.partition(":")[0]
+
+
+@pytest.mark.parametrize("name", ["mlp", "residual_cnn"])
+def test_checkpoint_all_step_runs_the_plain_steps_graph(name):
+    """With nothing recomputed, what TF executes for the generated step is what it executes for the
+    plain step: the same ops, wired alike, no added identity, control edge or measuring hook."""
+    model, loss, xs, ys = MODELS[name]()
+    lowered = lower(model, loss, xs, ys, level="layer")
+    fn = generate(lowered, checkpoint_all_schedule(lowered.graph))
+    x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
+    flat = fn.flat_args(x, y)
+    # both first calls: TF reports a function's executed graphs when it instantiates it
+    generated, generated_graphs = _executed_structure(lambda: fn.call_flat(*flat))
+    plain_step, plain_graphs = _executed_structure(lambda: lowered.function(*flat))
+    assert generated_graphs == plain_graphs > 0
+    assert sum(plain_step.values()) > 20
+    assert generated == plain_step, (generated - plain_step, plain_step - generated)
+
+
+def anchors_of(by_name, ops):
+    """The ops a copy waits for: its ops' control inputs, and those of the gates they read (a private
+    variable read or constant carrying the anchor, so that the op itself stays fusable)."""
+    out = set()
+    for op in ops:
+        for text in by_name[op].input:
+            name = text.lstrip("^").partition(":")[0]
+            if text.startswith("^"):
+                out.add(name)
+            elif GATE_SUFFIX in name:
+                out.update(t[1:] for t in by_name[name].input if t.startswith("^"))
+    return out
+
+
+def test_anchored_contractions_stay_fused():
+    """The anchor of a matrix product or convolution goes on a gate (a private copy of its variable
+    read), not on the op: Grappler fuses no op with a control input, and the bias add would run apart.
+    In the default order every forward matrix product of this plan runs fused, every recomputation too."""
+    model, loss, xs, ys = mlp_model(batch=64, width=32, depth=6)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    schedule = solve(graph, int(checkpoint_all_peak(graph) * 0.75), strategy="checkmate_lp_rounding",
+                     **SOLVE_OPTIONS).schedule
+    assert schedule.recompute_count > 0
+    rewritten = rewrite_graph_def(lowered, schedule)
+    gates = [nd for nd in rewritten.graph_def.node if GATE_SUFFIX in nd.name]
+    assert gates and all(nd.op in ("ReadVariableOp", "Const") for nd in gates)
+    assert any(nd.op == "ReadVariableOp" for nd in gates)
+    assert all(any(t.startswith("^") for t in nd.input) for nd in gates)
+    by_name = {nd.name: nd for nd in rewritten.graph_def.node}
+    matmuls = [by_name[op] for (i, _), ops in rewritten.copy_ops.items() if not graph.backward[i]
+               for op in ops if by_name[op].op == "MatMul"]
+    assert len(matmuls) > 3 and not any(t.startswith("^") for nd in matmuls for t in nd.input)
+    fn = generate(lowered, schedule)
+    x, y = batch_for(xs, ys, 10)
+    scope, executed = fn._executed_names(x, y)
+    ran = {name.split(scope + "/", 1)[1] for name in executed if scope + "/" in name}
+    # every forward matrix product ran fused into its bias add (the fused op takes the last op's
+    # name), recomputations included
+    assert not {nd.name for nd in matmuls} & ran
+    assert not merged_copies(fn, schedule, fn.executed_copy_counts(x, y))
+
+
 def test_recomputation_copies_are_anchored_on_the_plan_order():
-    """Each copy's entry ops carry a control input on the previous computation's last ops: that is
-    what keeps TF from running ahead, and what keeps CSE from merging copies."""
+    """order="total": each copy's entry ops carry a control input on the previous computation's last
+    ops: that is what keeps TF from running ahead, and what keeps CSE from merging copies."""
     model, loss, xs, ys = mlp_model(batch=8, width=8, depth=3)
     lowered = lower(model, loss, xs, ys, level="layer")
     graph = lowered.graph
     schedule = solve(graph, 10 * checkpoint_all_peak(graph), strategy="checkpoint_last_node").schedule
-    rewritten = rewrite_graph_def(lowered, schedule)
+    rewritten = rewrite_graph_def(lowered, schedule, order="total")
     by_name = {nd.name: nd for nd in rewritten.graph_def.node}
     computes = [i for action, i in schedule.plan if action == "compute"]
     seen = {}
@@ -345,8 +429,7 @@ def test_recomputation_copies_are_anchored_on_the_plan_order():
         ops = rewritten.copy_ops[(i, k)]
         prev = computes[step - 1]
         prev_ops = set(rewritten.copy_ops[(prev, seen[prev] - 1)])
-        controls = {t[1:] for op in ops for t in by_name[op].input if t.startswith("^")}
-        assert controls & prev_ops, f"copy {k} of node {i} is not ordered after node {prev}"
+        assert anchors_of(by_name, ops) & prev_ops, f"copy {k} of node {i} is not ordered after node {prev}"
 
 
 def test_global_optimizer_settings_are_restored():
@@ -373,33 +456,112 @@ def test_global_optimizer_settings_are_restored():
     assert tf.config.optimizer.get_experimental_options() == before
 
 
-def test_partial_order_anchors_recomputations_and_backward_only():
-    """order="partial": the first forward computations carry no control input (they run in dataflow
-    order); every recomputation and every backward computation is anchored on the plan step before it."""
+def _diamond(out_mem):
+    """a -> b -> c, a -> d, (c, d) -> e: d may run as soon as a exists, or where the plan puts it."""
+    nodes = [Node(0, "a", 1.0, 4), Node(1, "b", 1.0, 1), Node(2, "c", 1.0, 4), Node(3, "d", 1.0, 1),
+             Node(4, "e", 1.0, out_mem, output=True)]
+    graph = Graph(nodes, [(0, 1), (1, 2), (0, 3), (2, 4), (3, 4)])
+    plan = [("compute", 0), ("compute", 1), ("compute", 2), ("free", 1), ("compute", 3), ("free", 0),
+            ("compute", 4)]
+    return graph, plan
+
+
+def test_partial_order_anchors_a_computation_only_where_running_early_exceeds_the_plan_peak():
+    # plan memory 4, 5, 9, (8), 9, (5), 5 + out: d (1 byte) run beside c (plan memory 9) is 10 bytes
+    graph, plan = _diamond(out_mem=1)        # plan peak 9: d early would exceed it
+    # e too: b, freed after c, may be freed late if c runs late (6 + 4 > 9 counts a, which d frees)
+    assert partial_anchors(graph, plan) == [False, False, False, True, True]
+    graph, plan = _diamond(out_mem=8)        # plan peak 13 (at e): d early stays under it
+    # e, once d ran early, could start while the plan still holds d (9 + 8 > 13): anchored
+    assert partial_anchors(graph, plan) == [False, False, False, False, True]
+
+
+def test_partial_order_anchors_every_recomputation():
+    graph, _ = _diamond(out_mem=8)
+    plan = [("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1), ("compute", 0),
+            ("compute", 3), ("free", 0), ("compute", 4)]
+    # the second computation of a is anchored though its inputs (none) exist from the start and the
+    # plan's peak would allow it; d, reading that copy, needs no anchor of its own (e does: a, freed
+    # after d, may be freed late, and 13 + 4 exceeds the plan's peak)
+    assert partial_anchors(graph, plan) == [False, False, False, True, False, True]
+
+
+def test_partial_order_anchors_every_backward_computation():
+    graph, plan = _diamond(out_mem=8)
+    backward = Graph([Node(nd.id, nd.name, nd.cost, nd.mem, backward=nd.id >= 3, output=nd.output)
+                      for nd in graph.nodes], graph.edges)
+    # d (1 byte, room to spare under the peak of 13) is left free in the forward pass, not as a
+    # backward computation
+    assert partial_anchors(graph, plan)[3] is False
+    assert partial_anchors(backward, plan)[3:] == [True, True]
+
+
+def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
+    """order="partial": the computations partial_anchors leaves free carry no control input; every
+    recomputation differs from its node's first copy (a control input or another copy's input), so
+    common-subexpression elimination cannot merge it back; fewer control inputs than the total order."""
     model, loss, xs, ys = mlp_model(batch=8, width=8, depth=3)
     lowered = lower(model, loss, xs, ys, level="layer")
     graph = lowered.graph
     schedule = solve(graph, 10 * checkpoint_all_peak(graph), strategy="checkpoint_last_node").schedule
-    rewritten = rewrite_graph_def(lowered, schedule, order="partial")
-    by_name = {nd.name: nd for nd in rewritten.graph_def.node}
+    assert schedule.recompute_count > 0
+    partial = rewrite_graph_def(lowered, schedule, order="partial")
+    total = rewrite_graph_def(lowered, schedule, order="total")
+    by_name = {nd.name: nd for nd in partial.graph_def.node}
+    source = {nd.name: nd for nd in lowered.function.graph.as_graph_def().node}
+    anchors = partial_anchors(graph, schedule.plan)
     computes = [i for action, i in schedule.plan if action == "compute"]
     seen = {}
-    anchored = {True: 0, False: 0}
-    for step, i in enumerate(computes):
+    for c, i in enumerate(computes):
         k = seen.get(i, 0)
         seen[i] = k + 1
-        if step == 0:
-            continue
-        ops = rewritten.copy_ops[(i, k)]
-        prev = computes[step - 1]
-        prev_ops = set(rewritten.copy_ops[(prev, seen[prev] - 1)])
-        controls = {t[1:] for op in ops for t in by_name[op].input if t.startswith("^")}
-        must = k > 0 or bool(graph.backward[i])
-        assert bool(controls & prev_ops) == must, (graph.names[i], k)
-        anchored[must] += 1
-    assert anchored[True] and anchored[False]
+        ops = partial.copy_ops[(i, k)]
+        controls = [t for op in ops for t in by_name[op].input if t.startswith("^")]
+        if not anchors[c]:
+            added = set(controls) - {t for op in ops for t in source[op].input if t.startswith("^")}
+            assert not added and not any(GATE_SUFFIX in t for op in ops for t in by_name[op].input), (graph.names[i], k)
+        if k > 0:
+            assert anchors[c]
+            first = [list(by_name[op].input) for op in partial.copy_ops[(i, 0)]]
+            assert [list(by_name[op].input) for op in ops] != first, (graph.names[i], k)
+
+    def count(rewritten):
+        return sum(t.startswith("^") for nd in rewritten.graph_def.node for t in nd.input)
+
+    assert count(partial) < count(total)
+    assert not all(anchors) and any(anchors)
+    assert (partial.order, partial.anchored) == ("partial", sum(anchors))
+    assert (total.order, total.anchored) == ("total", len(computes) - 1)
+    assert rewrite_graph_def(lowered, schedule).order == "partial"      # the default for a recomputing plan
+    assert partial.describe_order().startswith(f"partial: {sum(anchors)} of {len(computes)} computations")
     with pytest.raises(Exception, match="unknown order"):
         rewrite_graph_def(lowered, schedule, order="sideways")
+
+
+@pytest.mark.slow
+def test_partial_order_keeps_the_plans_memory(request):
+    """The partial order (the default for a plan that recomputes) peaks where the total order does and
+    within the plan's prediction, on a U-Net (skip connections) at 50% of its checkpoint-all peak; with
+    no order at all the same plan peaks well above it (the anchors it keeps are the ones memory needs)."""
+    if ran_in_fresh_process(request):
+        return
+    model, loss, xs, ys = unet_model()
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    schedule = solve(graph, checkpoint_all_peak(graph) // 2, strategy="checkmate_lp_rounding",
+                     **SOLVE_OPTIONS).schedule
+    assert schedule.recompute_count > 0
+    x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
+    predicted = predicted_step_peak(lowered, schedule)
+    peaks = {}
+    for order in ("partial", "total", "none"):
+        fn = generate(lowered, schedule, order=order)
+        # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory)
+        peaks[order] = measure_peak_memory(fn.call_flat, *fn.flat_args(x, y), repeats=2, reduce="min")
+    # the allocator hands out whole chunks (0.5 MiB steps at these 7-8 MiB peaks): one chunk apart
+    assert peaks["partial"] <= 1.10 * peaks["total"], peaks
+    assert peaks["partial"] <= 1.15 * predicted, (peaks, predicted)
+    assert peaks["none"] > 1.15 * peaks["partial"], peaks
 
 
 def test_plan_that_reads_a_freed_value_is_rejected():

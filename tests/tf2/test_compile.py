@@ -52,6 +52,9 @@ def test_compiled_step_api():
     assert step.predicted.overhead >= 1.0
     text = step.summary()
     assert "griewank_logn" in text and "overhead" in text and "predicted peak" in text
+    # how the generated step is ordered, and how many computations wait for an anchor
+    rewritten = step.function.rewritten
+    assert f"order           {rewritten.order}: {rewritten.anchored} of {sum(rewritten.copies)}" in text
     # "auto": the compact graph of this MLP is small, so the step uses the gradient-node graph
     assert step.lowered.metadata["gradient_nodes"] and "gradient nodes" in text
     # the largest layer-node workspace, named with its node
