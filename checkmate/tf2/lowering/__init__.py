@@ -71,6 +71,7 @@ from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_cos
 from checkmate.tf2.lowering.grouping import (
     LOSS_LAYER,
     WORKSPACE_SPLIT_FRACTION,
+    AUTO_OP_NODE_LIMIT,
     composite_calls,
     gradient_node_groups,
     layer_groups,
@@ -78,6 +79,7 @@ from checkmate.tf2.lowering.grouping import (
     op_groups,
     split_large_workspaces,
     split_large_outputs,
+    split_composite_layers,
 )
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaque
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
@@ -174,6 +176,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
                                                              fixed, grads_resident)
     split_nodes: list[str] = []
     value_nodes: list[str] = []
+    fine_nodes: list[str] = []
     if level != "op" and split:   # the compact graph keeps the papers' one node per layer
         # step outputs keep their own buffers: an in-place kernel never takes them over
         keep = frozenset({traced.loss_tensor, *traced.grad_tensors, *flat_names(traced.pred_structure)})
@@ -182,6 +185,11 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
             graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
         if level == "auto":
+            groups, fine_nodes = split_composite_layers(groups, infos, op_graph, composites, keep)
+            if fine_nodes:
+                graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
+                                                                         accounting_level, label, fixed,
+                                                                         grads_resident)
             step_outputs = (traced.loss_tensor, *flat_names(traced.pred_structure))
             groups, value_nodes = split_large_outputs(groups, infos, graph, order, step_outputs)
             if value_nodes:
@@ -192,8 +200,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
     _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
               time.perf_counter() - started)
-    if level == "auto" and (split_nodes or value_nodes):
-        split_layers = _split_reasons(traced, composites, split_nodes, groups, value_nodes)
+    if level == "auto" and (split_nodes or value_nodes or fine_nodes):
+        split_layers = _split_reasons(traced, composites, split_nodes, groups, value_nodes, fine_nodes)
         chosen = "mixed"
     return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=chosen,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
@@ -204,7 +212,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
 
 
 def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_nodes: list[str],
-                   groups: list, value_nodes: Sequence[str] = ()) -> tuple[str, ...]:
+                   groups: list, value_nodes: Sequence[str] = (), fine_nodes: Sequence[str] = ()
+                   ) -> tuple[str, ...]:
     """What ``level="auto"`` split below one node per layer, and why, one line per layer."""
     recorded = {name for name, _, _ in traced.layer_calls}
     own_ops = dict.fromkeys(composites, 0)
@@ -219,6 +228,10 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
              for name in sorted(composites)]
     lines += [f"{name}: one node per op (its temporaries outweigh its output and "
               f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
+    if fine_nodes:
+        lines.append(f"{len(fine_nodes)} node(s) inside composite layers: one node per op (finer choices and exact "
+                     f"temporaries for the plan, the graph within {AUTO_OP_NODE_LIMIT} nodes): "
+                     + ", ".join(fine_nodes))
     lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
               "would stay resident to the end of the step)" for name in value_nodes]
     return tuple(lines)

@@ -65,7 +65,8 @@ from checkmate.tf2.lowering.trace import TracedStep
 __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
            "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
-           "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION"]
+           "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION",
+           "split_composite_layers", "AUTO_OP_NODE_LIMIT"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
@@ -86,6 +87,9 @@ WORKSPACE_SPLIT_FRACTION = 0.1
 # infeasible in RematModel's 20 s solve, 1.12x predicted after the split.
 OUTPUT_SPLIT_RATIO = 2.0
 OUTPUT_SPLIT_FRACTION = 0.02
+# level="auto": the layer nodes inside composite layers are split into op nodes while the graph stays
+# within this many nodes, a size that RematModel's first-plan solve (20 s) still plans well.
+AUTO_OP_NODE_LIMIT = 600
 
 
 @dataclass
@@ -633,3 +637,50 @@ def split_large_outputs(groups: list[Group], infos: Sequence[OpInfo], graph: Gra
             out.append(Group(f"{g.name}:{infos[i].op.type}", [i], g.backward,
                              g.recomputable and infos[i].recomputable, g.layer, order=(*g.sort_key, p)))
     return out, sorted(groups[k].name for k in split)
+
+
+def split_composite_layers(groups: list[Group], infos: Sequence[OpInfo], op_graph: OpGraph,
+                           composites: Mapping[str, int], keep_tensors: frozenset[str] = frozenset(),
+                           max_nodes: int | None = None) -> tuple[list[Group], list[str]]:
+    """level="auto": split the layer nodes inside composite layers (a nested model, a transformer block,
+    an attention layer) into one group per chain of ops that write into one buffer
+    (:func:`in_place_chains`), while the graph stays within ``max_nodes`` (default
+    :data:`AUTO_OP_NODE_LIMIT`) nodes; also the names of the split groups.
+
+    Inside a transformer block a layer node (a LayerNorm, an MLP's dense layer with its activation)
+    holds temporaries the plan cannot free separately and offers the solver one choice where an op
+    graph offers several cheap ones (recompute the activation, keep the matmul). Layers are split
+    largest first (by the bytes their ops produce), so that a graph too large to split whole gets the
+    finer nodes where the memory is."""
+    limit = AUTO_OP_NODE_LIMIT if max_nodes is None else max_nodes
+    prefixes = tuple(c + "/" for c in composites)
+    if not prefixes:
+        return groups, []
+    candidates = []
+    for k, g in enumerate(groups):
+        if len(g.ops) < 2 or not g.layer or not g.layer.startswith(prefixes):
+            continue
+        parts = in_place_chains(g.ops, infos, op_graph, keep_tensors)
+        if len(parts) > 1:
+            candidates.append((sum(infos[i].bytes for i in g.ops), k, parts))
+    count = len(groups)
+    split: dict[int, list[list[int]]] = {}
+    for _, k, parts in sorted(candidates, key=lambda c: (-c[0], c[1])):
+        if count + len(parts) - 1 > limit:
+            continue
+        split[k] = parts
+        count += len(parts) - 1
+    if not split:
+        return groups, []
+    out: list[Group] = []
+    for k, g in enumerate(groups):
+        if k not in split:
+            out.append(g)
+            continue
+        for p, part in enumerate(split[k]):
+            out.append(Group(f"{g.name}:{infos[part[-1]].op.type}", part, g.backward,
+                             g.recomputable and all(infos[i].recomputable for i in part), g.layer,
+                             order=(*g.sort_key, p)))
+    # a chain takes in the ops between its members; an op outside it that reads one member and feeds
+    # a later one would make two parts depend on each other
+    return merge_cycles(out, op_graph), sorted(groups[k].name for k in split)
