@@ -29,9 +29,12 @@ layer) runs outside its sublayers (attention scores and softmax, residual adds, 
 node of its own; layer nodes whose temporaries outweigh their output are split into op nodes as at
 the layer level, and so is a forward node that is a step output through a small tensor but holds a large
 one (the loss node, with the cross-entropy's gradient of the logits), so that only the loss stays
-resident to the end of the step. A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
-otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says, one line per layer, what was
-split and why.
+resident to the end of the step; the layer nodes inside composite layers are split into op nodes,
+largest first, while the graph stays within ``AUTO_OP_NODE_LIMIT`` nodes
+(:func:`~checkmate.tf2.lowering.grouping.split_composite_layers`), so that the plan sees a
+transformer block's temporaries and gets its cheap choices (recompute an activation, keep a matmul). A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
+otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says what was split and why (one
+line per layer; one line listing the layers split inside composite layers).
 
 Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
 computation to the end of the step (docs/design.md §3), and a node's value is all of its ``mem``. At
