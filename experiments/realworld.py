@@ -85,6 +85,13 @@ def bert():
     return hub.models.BertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
 
 
+def distilbert():
+    hub = _hub()
+    backbone = hub.models.DistilBertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                             intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
+    return hub.models.DistilBertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+
+
 def vit():
     hub = _hub()
     backbone = hub.models.ViTBackbone(image_shape=(IMAGE, IMAGE, 3), patch_size=8, num_layers=2, num_heads=4,
@@ -106,13 +113,14 @@ MODELS = {
     "llama": (llama, "lm"),
     "bert": (bert, "bert"),
     "vit": (vit, "image"),
+    "distilbert": (distilbert, "distilbert"),
     "resnet50": (_application("ResNet50"), "image"),
     "efficientnetb0": (_application("EfficientNetB0"), "image"),
     "mobilenetv3small": (_application("MobileNetV3Small"), "image"),
     "convnexttiny": (_application("ConvNeXtTiny"), "image"),
     "densenet121": (_application("DenseNet121"), "image"),
 }
-TRANSFORMERS = {"lm", "bert"}
+TRANSFORMERS = {"lm", "bert", "distilbert"}
 
 
 def batches(kind: str, count: int, seed: int = 0):
@@ -129,6 +137,9 @@ def batches(kind: str, count: int, seed: int = 0):
         ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
         return ({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)},
                 rng.integers(0, 4, (n,)).astype("int32"))
+    if kind == "distilbert":    # no segment ids
+        ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        return {"token_ids": ids, "padding_mask": np.ones_like(ids)}, rng.integers(0, 4, (n,)).astype("int32")
     return (rng.standard_normal((n, IMAGE, IMAGE, 3)).astype("float32"),
             rng.integers(0, CLASSES, (n,)).astype("int32"))
 
