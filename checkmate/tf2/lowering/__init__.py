@@ -34,7 +34,7 @@ largest first, while the graph stays within ``AUTO_OP_NODE_LIMIT`` nodes
 (:func:`~checkmate.tf2.lowering.grouping.split_composite_layers`), so that the plan sees a
 transformer block's temporaries and gets its cheap choices (recompute an activation, keep a matmul). A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
 otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says what was split and why (one
-line per layer; one line listing the layers split inside composite layers).
+line per layer; per composite layer, one line listing its layers split into op nodes).
 
 Outputs and parameter gradients. The memory model keeps a node flagged ``output`` resident from its
 computation to the end of the step (docs/design.md §3), and a node's value is all of its ``mem``. At
@@ -231,10 +231,14 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
              for name in sorted(composites)]
     lines += [f"{name}: one node per op (its temporaries outweigh its output and "
               f"{WORKSPACE_SPLIT_FRACTION:.0%} of the activations)" for name in split_nodes]
-    if fine_nodes:
-        lines.append(f"{len(fine_nodes)} node(s) inside composite layers: one node per op (finer choices and exact "
-                     f"temporaries for the plan, the graph within {AUTO_OP_NODE_LIMIT} nodes): "
-                     + ", ".join(fine_nodes))
+    # the layer nodes split inside composite layers, one line per innermost composite layer
+    inside: dict[str, list[str]] = {}
+    for name in fine_nodes:
+        owner = max((c for c in composites if name.startswith(c + "/")), key=len, default="")
+        inside.setdefault(owner, []).append(name[len(owner) + 1:] if owner else name)
+    lines += [f"{owner}: {len(names)} layer node(s) inside it one node per op (finer choices and exact "
+              f"temporaries for the plan, the graph within {AUTO_OP_NODE_LIMIT} nodes): {', '.join(names)}"
+              for owner, names in sorted(inside.items())]
     lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
               "would stay resident to the end of the step)" for name in value_nodes]
     return tuple(lines)
