@@ -1027,6 +1027,13 @@ TUNED_CONSTANTS = [
      "transformer 70% 1.138x / 1.073x, 50% 1.204x / 1.149x; residual MLP 1.161x / 1.143x, 1.119x / 1.080x; "
      "U-Net 70% 1.246x / 1.247x; residual CNN 1.242x / 1.236x, 1.295x / 1.341x (wall time: partial faster "
      "on 4 of 7). Peaks of both orders within 0.7 MiB of each other on every plan."),
+    ("`BACKWARD_WORKSPACE_FACTOR` (`tf2/codegen.py`)", "1",
+     "The same plans in one process, 21 interleaved repeats, wall / CPU, every backward computation "
+     "anchored against backward computations checked with their value plus this much again: transformer "
+     "70% 1.140x / 1.135x against 1.063x / 1.061x, 50% 1.195x / 1.181x against 1.106x / 1.118x; residual "
+     "MLP 70% 1.086x / 1.092x against 1.067x / 1.066x; U-Net 70% 1.438x / 1.263x against 1.219x / 1.187x; "
+     "peaks within 2% of each other, and the U-Net test plan at 50% peaks at 7.0 MiB either way (0 "
+     "peaked at 7.29 MiB against 7.51 on the U-Net at 70%, not lower in time). `step_order.md`."),
     ("`DEFAULT_TIME_BUDGET_S` (`tf2/profiling.py`)", "5 s",
      "A 500-node layer graph on two shared CPU cores measures about 100-200 nodes in this time (nodes "
      "repeated across blocks share one measurement); a 494-node transformer took about 11 s of profiling "

@@ -1,6 +1,7 @@
 """Branch and bound racing the CP-SAT model in a child process: exact answers, and no child left behind."""
 
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -170,10 +171,28 @@ def test_child_exits_when_its_caller_stops_listening():
     child = CpSatChild(graph, 5)
     try:
         child.solve(hint_retain=None, time_limit_s=600.0, mip_gap=0.0, abs_gap=None)
+        assert child.delivered(60.0)
         child._proc.stdin.close()   # what the caller's death looks like from the child
         assert child._proc.wait(timeout=30) == 0
     finally:
         child.close()
+
+
+def test_a_graph_larger_than_the_pipe_does_not_wait_for_the_childs_imports(monkeypatch):
+    """The child reads its input once its imports are done; sending it a graph bigger than a pipe's
+    buffer must not hold the caller (and its time limit) until then."""
+    from checkmate.solvers import cp_schedule
+
+    graph = training_chain(400)
+    assert len(pickle.dumps(("graph", graph, 5))) > 1 << 16
+    slow_start = "import time; time.sleep(20)\n" + cp_schedule._CHILD_START
+    monkeypatch.setattr(cp_schedule, "_CHILD_START", slow_start)
+    started = time.perf_counter()
+    with CpSatChild(graph, checkpoint_all_peak(graph)) as child:
+        assert child.solve(hint_retain=None, time_limit_s=5.0, mip_gap=0.0, abs_gap=None)
+        assert time.perf_counter() - started < 10.0
+        assert not child.delivered(0.0)         # the child is still asleep
+        assert child.result() is None
 
 
 def test_hint_is_taken_whole():

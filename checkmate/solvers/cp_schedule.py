@@ -346,15 +346,52 @@ class CpSatChild:
                                       env=env)
         self._result: CpSatOutcome | None = None
         self._done = False
+        # The child reads its stdin only once its imports are done (seconds on a loaded machine), and a
+        # message larger than the pipe's buffer (a graph of a few hundred nodes) would block the caller
+        # until then, outside any time limit: a thread of its own writes the messages, in order.
+        self._outbox: list[bytes | None] = []
+        self._outbox_ready = threading.Condition()
+        self._broken = False
+        self._unsent = 0
+        self._writer = threading.Thread(target=self._write_loop, name="cp-sat-child-writer", daemon=True)
+        self._writer.start()
         self._send(("graph", graph, int(budget_bytes)))
 
+    def _write_loop(self) -> None:
+        while True:
+            with self._outbox_ready:
+                while not self._outbox:
+                    self._outbox_ready.wait()
+                data = self._outbox.pop(0)
+            if data is None:      # closed
+                return
+            try:
+                self._proc.stdin.write(data)
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                self._broken = True
+                return
+            finally:
+                with self._outbox_ready:
+                    self._unsent -= 1
+                    self._outbox_ready.notify_all()
+
+    def delivered(self, timeout_s: float | None = None) -> bool:
+        """Whether every message sent so far is in the child's pipe, waiting up to ``timeout_s``."""
+        with self._outbox_ready:
+            return self._outbox_ready.wait_for(lambda: self._unsent == 0 or self._broken, timeout_s) and \
+                not self._broken
+
     def _send(self, message) -> bool:
-        try:
-            pickle.dump(message, self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            self._proc.stdin.flush()
-            return True
-        except (BrokenPipeError, OSError, ValueError):
+        """Queue ``message`` for the child; False when the child is gone already."""
+        if self._broken or self._proc.poll() is not None:
             return False
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._outbox_ready:
+            self._outbox.append(data)
+            self._unsent += 1
+            self._outbox_ready.notify_all()
+        return True
 
     def _read(self, timeout_s: float | None) -> None:
         """Take the answer if it is there within ``timeout_s`` (it is written in one piece)."""
@@ -396,6 +433,9 @@ class CpSatChild:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
+        with self._outbox_ready:          # the writer ends (a write in progress fails on the dead pipe)
+            self._outbox.append(None)
+            self._outbox_ready.notify_all()
         for pipe in (self._proc.stdin, self._proc.stdout):
             try:
                 pipe.close()

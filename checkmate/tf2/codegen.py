@@ -179,6 +179,11 @@ def _check_acyclic(nodes: Sequence[Any]) -> None:
             f"order, e.g. {stuck[:3]}; an op outside every node depends on a node and feeds another")
 
 
+# A backward kernel's temporaries, counted as this many times its output while it may run early.
+# Measured: experiments/results/README.md, section i.
+BACKWARD_WORKSPACE_FACTOR = 1
+
+
 def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
     """Which computations of ``plan`` (in plan order, frees skipped) the partial order anchors.
 
@@ -192,10 +197,11 @@ def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
     recomputation is anchored whatever the memory says: it must wait for the frees before it (its
     inputs exist since their first computation, typically the forward pass), and its anchor is what
     makes it differ from the other copies, so that common-subexpression elimination cannot merge it
-    back into them. Every backward computation is anchored too: backward ops run side by side hold
-    their temporaries (a convolution's gradient workspace) at once, which the plan does not count; on
-    a U-Net at 50% of its checkpoint-all peak, backward computations left free measured 8.0-8.7 MB
-    against 7.4 MB planned, anchored 6.8-7.3 MB.
+    back into them. A backward computation also holds temporaries the plan does not count (a
+    convolution's gradient workspace) while it runs beside others: it is checked with
+    ``BACKWARD_WORKSPACE_FACTOR`` times its value added to it. (Backward computations all left free
+    measured 8.0-8.7 MB against 7.4 MB planned on a U-Net at 50% of its checkpoint-all peak; all
+    anchored, they cost the transformer's step 7-9% with nothing recomputed.)
     """
     mem = graph.mem
     computes: list[int] = []
@@ -222,11 +228,12 @@ def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
     late = 0        # bytes the plan has freed since the last anchor whose frees may come late (below)
     for c, i in enumerate(computes):
         start = max((earliest[latest[d]] + 1 for d in graph.deps[i] if d in latest), default=0)
-        if i in seen or graph.backward[i] or int(usage[c]) + late > limit:
+        held = int(mem[i]) * (1 + BACKWARD_WORKSPACE_FACTOR * bool(graph.backward[i]))
+        if i in seen or int(usage[c]) + late + held - int(mem[i]) > limit:
             anchored[c] = True
         elif start < c:
-            if int((usage[start:c] + extra[start:c]).max()) + int(mem[i]) <= limit:
-                extra[start:c] += int(mem[i])
+            if int((usage[start:c] + extra[start:c]).max()) + held <= limit:
+                extra[start:c] += held
             else:
                 anchored[c] = True
         # A computation left free may also run late, up to the next anchored one (which waits for it):

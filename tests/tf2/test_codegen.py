@@ -486,14 +486,23 @@ def test_partial_order_anchors_every_recomputation():
     assert partial_anchors(graph, plan) == [False, False, False, True, False, True]
 
 
-def test_partial_order_anchors_every_backward_computation():
+def _as_backward(graph, first_backward):
+    return Graph([Node(nd.id, nd.name, nd.cost, nd.mem, backward=nd.id >= first_backward, output=nd.output)
+                  for nd in graph.nodes], graph.edges)
+
+
+def test_partial_order_counts_a_backward_computations_workspace():
+    # d (1 byte) has room beside c under the peak of 13 as a forward computation and as a backward
+    # one (its value and as much again of workspace): left free both ways
     graph, plan = _diamond(out_mem=8)
-    backward = Graph([Node(nd.id, nd.name, nd.cost, nd.mem, backward=nd.id >= 3, output=nd.output)
-                      for nd in graph.nodes], graph.edges)
-    # d (1 byte, room to spare under the peak of 13) is left free in the forward pass, not as a
-    # backward computation
     assert partial_anchors(graph, plan)[3] is False
-    assert partial_anchors(backward, plan)[3:] == [True, True]
+    assert partial_anchors(_as_backward(graph, 3), plan)[3] is False
+    # d of 3 bytes, peak 12 (at e): beside c (9) its value fits (12), value and workspace do not (15)
+    nodes = [Node(nd.id, nd.name, nd.cost, 3 if nd.id == 3 else nd.mem, output=nd.output)
+             for nd in _diamond(out_mem=5)[0].nodes]
+    graph = Graph(nodes, _diamond(out_mem=5)[0].edges)
+    assert partial_anchors(graph, plan)[3] is False
+    assert partial_anchors(_as_backward(graph, 3), plan)[3] is True
 
 
 def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
