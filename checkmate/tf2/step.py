@@ -237,7 +237,9 @@ class CompiledStep:
 
             out = tf.function(run, autograph=False)(*self.function.distribute(flat))
         else:
-            out = self.lowered.function(*flat)
+            # the traced step takes (x, y) structured (dict inputs; labels with their sample weights)
+            args, _ = self.lowered.function.structured_input_signature
+            out = self.lowered.function(*tf.nest.pack_sequence_as(args, flat))
         loss, grads, _ = self.function.split(out)
         return loss, grads
 
