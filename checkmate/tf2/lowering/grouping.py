@@ -568,6 +568,22 @@ def in_place_chains(ops: Sequence[int], infos: Sequence[OpInfo], op_graph: OpGra
     return sorted(chains.values(), key=min)
 
 
+def _with_parts(groups: list[Group], parts: Mapping[int, Sequence[Sequence[int]]],
+                infos: Sequence[OpInfo]) -> list[Group]:
+    """``groups`` with each group ``k`` of ``parts`` replaced by one group per part, in order, each
+    named after the op whose output is the part's value (the last of its chain)."""
+    out: list[Group] = []
+    for k, g in enumerate(groups):
+        if k not in parts:
+            out.append(g)
+            continue
+        for p, part in enumerate(parts[k]):
+            out.append(Group(f"{g.name}:{infos[part[-1]].op.type}", list(part), g.backward,
+                             g.recomputable and all(infos[i].recomputable for i in part), g.layer,
+                             order=(*g.sort_key, p)))
+    return out
+
+
 def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
                            workspace: Sequence[int], order: Sequence[int], op_graph: OpGraph | None = None,
                            keep_tensors: frozenset[str] = frozenset()) -> tuple[list[Group], list[str]]:
@@ -585,18 +601,9 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
             split.add(group)
     if not split:
         return groups, []
-    out: list[Group] = []
-    for k, g in enumerate(groups):
-        if k not in split:
-            out.append(g)
-            continue
-        parts = in_place_chains(g.ops, infos, op_graph, keep_tensors) if op_graph is not None \
-            else [[i] for i in sorted(g.ops)]
-        for p, part in enumerate(parts):
-            # named after the op whose output is the part's value (the last of its chain)
-            out.append(Group(f"{g.name}:{infos[part[-1]].op.type}", part, g.backward,
-                             g.recomputable and all(infos[i].recomputable for i in part), g.layer,
-                             order=(*g.sort_key, p)))
+    out = _with_parts(groups, {k: in_place_chains(groups[k].ops, infos, op_graph, keep_tensors)
+                               if op_graph is not None else [[i] for i in sorted(groups[k].ops)]
+                               for k in split}, infos)
     if op_graph is not None:
         # a chain takes in the ops between its members in the layer's order; an op outside the chain
         # that reads one member and feeds a later one would make two parts depend on each other
@@ -630,14 +637,7 @@ def split_large_outputs(groups: list[Group], infos: Sequence[OpInfo], graph: Gra
             split.add(group)
     if not split:
         return groups, []
-    out: list[Group] = []
-    for k, g in enumerate(groups):
-        if k not in split:
-            out.append(g)
-            continue
-        for p, i in enumerate(sorted(g.ops)):
-            out.append(Group(f"{g.name}:{infos[i].op.type}", [i], g.backward,
-                             g.recomputable and infos[i].recomputable, g.layer, order=(*g.sort_key, p)))
+    out = _with_parts(groups, {k: [[i] for i in sorted(groups[k].ops)] for k in split}, infos)
     return out, sorted(groups[k].name for k in split)
 
 
@@ -674,15 +674,7 @@ def split_composite_layers(groups: list[Group], infos: Sequence[OpInfo], op_grap
         count += len(parts) - 1
     if not split:
         return groups, []
-    out: list[Group] = []
-    for k, g in enumerate(groups):
-        if k not in split:
-            out.append(g)
-            continue
-        for p, part in enumerate(split[k]):
-            out.append(Group(f"{g.name}:{infos[part[-1]].op.type}", part, g.backward,
-                             g.recomputable and all(infos[i].recomputable for i in part), g.layer,
-                             order=(*g.sort_key, p)))
+    out = _with_parts(groups, split, infos)
     # a chain takes in the ops between its members; an op outside it that reads one member and feeds
     # a later one would make two parts depend on each other
     return merge_cycles(out, op_graph), sorted(groups[k].name for k in split)
