@@ -201,9 +201,12 @@ def test_measured_peak_follows_the_plan(name, request):
     # the default gradient_nodes=True: the accounting this test checks
     assert step.lowered.metadata["gradient_nodes"]
     x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
-    # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory)
-    plain = measure_peak_memory(step.plain_gradients, x, y, repeats=2, reduce="min")
-    measured = measure_peak_memory(step.gradients, x, y, repeats=2, reduce="min")
+    # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory), and on a
+    # loaded machine the executor's order among unordered ops varies from run to run, and with it which
+    # outputs TF can write into a dying input's buffer (one run of the residual CNN in four measured
+    # 1.18x its prediction while other processes used both cores)
+    plain = measure_peak_memory(step.plain_gradients, x, y, repeats=4, reduce="min")
+    measured = measure_peak_memory(step.gradients, x, y, repeats=4, reduce="min")
     predicted = step.predicted.step_peak_bytes
     assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
     assert plain > 0
