@@ -14,9 +14,14 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   (or earlier: a value the plan holds until the end of a stage without using it dies at its last
   use). The anchors also make every copy differ from the others by a control input, so
   common-subexpression elimination cannot merge recomputations back (docs/design.md §6, trap 1).
-  An op that reads a variable or a constant (a matrix product, a convolution) takes its anchor through
-  a private copy of that read, a gate: Grappler's remapper fuses no op that has a control input
-  itself, and an anchored convolution would run apart from its bias add and activation.
+  Grappler's remapper fuses no op that has a control input itself (an anchored convolution would run
+  apart from its bias add and activation, an anchored ``Sigmoid`` apart from its swish ``Mul``), so an
+  op takes its anchor through a gate instead: a private copy of the variable it reads (a matrix
+  product's or convolution's kernel), else an ``EnsureShape`` of a value another computation produced,
+  which every op of the copy reading that value reads instead (it passes the tensor on without a
+  copy; an ``Identity`` would not do: Grappler's dependency optimizer removes an identity and moves its
+  control inputs onto its consumers, before a fusion that needs constant folding first, such as Keras'
+  ``silu`` ``x * sigmoid(1.0 * x)``, is made), else a private copy of a constant it reads.
   ``order="total"`` anchors every computation on the one before it. ``order="partial"`` anchors only
   what memory needs (:func:`partial_anchors`): every recomputation (it must wait for the frees before
   it, and its anchor keeps it apart from the other copies), every backward computation (backward ops
@@ -69,7 +74,12 @@ _COPY_SUFFIX = "__cm"
 SHAPE_OPS = frozenset({"Shape", "ShapeN", "Size", "Rank"})
 # Static inputs an anchor may go through instead of the op that reads them (see rewrite_graph_def):
 # reading a variable or a constant once more costs nothing, while an op with a control input is not fused.
+# A value computed by another node is gated by an EnsureShape of it (VALUE_GATE_OP).
 GATE_OPS = frozenset({"ReadVariableOp", "Const"})
+# TF 2.21: EnsureShape's kernel passes its input on as its output (no copy), and no Grappler pass removes
+# it or moves its control inputs (the dependency optimizer bypasses Identity and IdentityN gates, putting
+# their anchors back on the ops that read them).
+VALUE_GATE_OP = "EnsureShape"
 _GATE_SUFFIX = "__cmgate"
 _WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
 
@@ -77,6 +87,40 @@ _WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceSc
 def _reads_written(node: Any, written: set) -> bool:
     """Whether ``node`` reads a variable in ``written`` (its first input is the variable's handle)."""
     return node.op == "ReadVariableOp" and bool(node.input) and _split_input(node.input[0])[1] in written
+
+
+class _TensorDtypes:
+    """The dtype and static shape of a tensor of the rewritten graph (a copy's tensor has its
+    original's), by name."""
+
+    _COPY = re.compile(re.escape(_COPY_SUFFIX) + r"\d+$")
+
+    def __init__(self, graph: Any):
+        self._graph = graph
+        self._cache: dict[str, Any] = {}
+
+    def __getitem__(self, tensor: str) -> int:
+        return self.dtype(tensor).as_datatype_enum
+
+    def _tensor(self, tensor: str) -> Any:
+        op, _, idx = tensor.lstrip("^").partition(":")
+        key = f"{self._COPY.sub('', op)}:{idx or '0'}"
+        if key not in self._cache:
+            self._cache[key] = self._graph.get_tensor_by_name(key)
+        return self._cache[key]
+
+    def dtype(self, tensor: str) -> Any:
+        return self._tensor(tensor).dtype
+
+    def shape(self, tensor: str) -> Any:
+        return self._tensor(tensor).shape
+
+    def gateable(self, tensor: str) -> bool:
+        """Whether an identity may stand for the tensor: not a resource handle or variant (a TensorList,
+        an optional), which an identity would copy as a handle, not as a value."""
+        return self.dtype(tensor) not in (tf.resource, tf.variant)
+
+
 _probe_counter = 0
 
 
@@ -305,6 +349,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     # MultiWorkerMirroredStrategy computed other losses than Keras (tests/tf2/test_distribute.py), for a
     # reason not found yet; there the anchors stay on the ops themselves.
     gate_ops = GATE_OPS if lowered.distribution is None else frozenset()
+    tensor_dtypes = _TensorDtypes(lowered.function.graph)
     c = -1
 
     for step, (action, i) in enumerate(schedule.plan):
@@ -332,14 +377,9 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
             taken.update(names.values())
         members = set(node_ops[i])
         consumed_inside: set[str] = set()
+        rewired_of: dict[str, list[str]] = {}
+        entry_ops: list[str] = []               # ops that take the anchor: no data input inside the copy
         for op in node_ops[i]:
-            original = by_name[op]
-            if k == 0:
-                new = out_nodes[position[op]]
-            else:
-                new = tf.compat.v1.NodeDef()
-                new.CopyFrom(original)
-                new.name = names[op]
             rewired = []
             has_inner_input = False
             for text in original_inputs[op]:
@@ -362,32 +402,86 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
                     raise InvalidScheduleError(
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
-            if not has_inner_input and original.op not in SHAPE_OPS and anchor_sinks:
-                gate = next((t for t in rewired if not t.startswith("^") and _split_input(t)[1] in by_name
-                             and op_node.get(_split_input(t)[1]) is None
-                             and by_name[_split_input(t)[1]].op in gate_ops
-                             and not _reads_written(by_name[_split_input(t)[1]], written)), None)
-                if gate is not None:
-                    # Grappler's remapper fuses no op with a control input (Conv2D + BiasAdd, MatMul +
-                    # BiasAdd, Conv2DBackpropFilter + BiasAddGrad): the anchor goes on a private copy
-                    # of the op's variable read or constant, which the op then reads.
-                    _, src, suffix = _split_input(gate)
-                    gated = tf.compat.v1.NodeDef()
-                    gated.CopyFrom(by_name[src])
-                    gated.name = f"{src}{_GATE_SUFFIX}{c}_{len(gates)}"
-                    if gated.name in taken:
-                        raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gated.name!r} is taken")
-                    taken.add(gated.name)
-                    gated_inputs = [t for t in original_inputs[src] if not t.startswith("^")]
-                    del gated.input[:]
-                    gated.input.extend(gated_inputs + list(dict.fromkeys(
-                        [t for t in original_inputs[src] if t.startswith("^")] + [f"^{s}" for s in anchor_sinks])))
-                    gates.append(gated)
-                    out_nodes.append(gated)
-                    rewired[rewired.index(gate)] = gated.name + suffix
-                else:
-                    present = {t for t in rewired if t.startswith("^")}
-                    rewired.extend(f"^{s}" for s in anchor_sinks if f"^{s}" not in present)
+            rewired_of[op] = rewired
+            if not has_inner_input and by_name[op].op not in SHAPE_OPS and anchor_sinks:
+                entry_ops.append(op)
+        # Where each entry op takes its anchor (Grappler's remapper fuses no op with a control input,
+        # and constant folding turns an op that reads an anchored constant into an anchored one):
+        # 1. a private copy of a variable read it makes (a matrix product's or convolution's kernel);
+        # 2. else a VALUE_GATE_OP of a value another node computed, which every op of the copy that
+        #    reads that value then reads (Sigmoid and Mul of a swish both read it, so they still fuse);
+        # 3. else a private copy of a constant it reads; 4. else a control input on the op itself.
+        var_gate: dict[str, str] = {}
+        value_gates: dict[str, str] = {}        # tensor ("op:idx") -> the gate op passing it on
+        const_gate: dict[str, str] = {}
+        for op in entry_ops:
+            data = [t for t in rewired_of[op] if not t.startswith("^")]
+            static = [t for t in data if _split_input(t)[1] in by_name and op_node.get(_split_input(t)[1]) is None]
+            found = next((t for t in static if by_name[_split_input(t)[1]].op == "ReadVariableOp"
+                          and "ReadVariableOp" in gate_ops
+                          and not _reads_written(by_name[_split_input(t)[1]], written)), None)
+            if found is not None:
+                var_gate[op] = found
+                continue
+            computed = [t for t in data if t not in static and gate_ops and tensor_dtypes.gateable(t)]
+            if computed:
+                _, src, suffix = _split_input(computed[0])
+                value_gates.setdefault(f"{src}:{suffix.lstrip(':') or '0'}", "")
+                continue
+            found = next((t for t in static if by_name[_split_input(t)[1]].op == "Const" and "Const" in gate_ops), None)
+            if found is not None:
+                const_gate[op] = found
+        anchor_inputs = [f"^{s}" for s in anchor_sinks]
+        for tensor in value_gates:
+            src, _, idx = tensor.partition(":")
+            gated = tf.compat.v1.NodeDef()
+            gated.op = VALUE_GATE_OP
+            gated.name = f"{src}{_GATE_SUFFIX}{c}_{len(gates)}"
+            if gated.name in taken:
+                raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gated.name!r} is taken")
+            taken.add(gated.name)
+            gated.attr["T"].type = tensor_dtypes[tensor]
+            gated.attr["shape"].shape.CopyFrom(tensor_dtypes.shape(tensor).as_proto())
+            gated.input.extend([src if idx == "0" else tensor] + anchor_inputs)
+            gates.append(gated)
+            out_nodes.append(gated)
+            value_gates[tensor] = gated.name
+        for op in node_ops[i]:
+            original = by_name[op]
+            if k == 0:
+                new = out_nodes[position[op]]
+            else:
+                new = tf.compat.v1.NodeDef()
+                new.CopyFrom(original)
+                new.name = names[op]
+            rewired = rewired_of[op]
+            if value_gates and original.op not in SHAPE_OPS:
+                for pos, text in enumerate(rewired):
+                    ctrl, src, suffix = _split_input(text)
+                    gate_name = value_gates.get(f"{src}:{suffix.lstrip(':') or '0'}")
+                    if not ctrl and gate_name:
+                        rewired[pos] = gate_name
+            gate = var_gate.get(op) or const_gate.get(op)
+            if gate is not None:
+                # the anchor goes on a private copy of the op's variable read or constant
+                _, src, suffix = _split_input(gate)
+                gated = tf.compat.v1.NodeDef()
+                gated.CopyFrom(by_name[src])
+                gated.name = f"{src}{_GATE_SUFFIX}{c}_{len(gates)}"
+                if gated.name in taken:
+                    raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gated.name!r} is taken")
+                taken.add(gated.name)
+                gated_inputs = [t for t in original_inputs[src] if not t.startswith("^")]
+                del gated.input[:]
+                gated.input.extend(gated_inputs + list(dict.fromkeys(
+                    [t for t in original_inputs[src] if t.startswith("^")] + anchor_inputs)))
+                gates.append(gated)
+                out_nodes.append(gated)
+                rewired[rewired.index(gate)] = gated.name + suffix
+            elif op in entry_ops and not any(_split_input(t)[1] in value_gates.values()
+                                             for t in rewired if not t.startswith("^")):
+                present = {t for t in rewired if t.startswith("^")}
+                rewired.extend(t for t in anchor_inputs if t not in present)
             # data inputs first, then control inputs: GraphDef requires that order
             data = [t for t in rewired if not t.startswith("^")]
             ctrl_inputs = list(dict.fromkeys(t for t in rewired if t.startswith("^")))

@@ -393,7 +393,7 @@ def test_anchored_contractions_stay_fused():
     assert schedule.recompute_count > 0
     rewritten = rewrite_graph_def(lowered, schedule)
     gates = [nd for nd in rewritten.graph_def.node if GATE_SUFFIX in nd.name]
-    assert gates and all(nd.op in ("ReadVariableOp", "Const") for nd in gates)
+    assert gates and all(nd.op in ("ReadVariableOp", "Const", "EnsureShape") for nd in gates)
     assert any(nd.op == "ReadVariableOp" for nd in gates)
     assert all(any(t.startswith("^") for t in nd.input) for nd in gates)
     by_name = {nd.name: nd for nd in rewritten.graph_def.node}
