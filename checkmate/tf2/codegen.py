@@ -81,6 +81,7 @@ GATE_OPS = frozenset({"ReadVariableOp", "Const"})
 # their anchors back on the ops that read them).
 VALUE_GATE_OP = "EnsureShape"
 _GATE_SUFFIX = "__cmgate"
+_DONE_SUFFIX = "__cmdone"      # the VALUE_GATE_OP an anchor on an op waits for (see rewrite_graph_def)
 _WRITE_PREFIXES = ("Assign", "ResourceApply", "ResourceSparseApply", "ResourceScatter")
 
 
@@ -114,6 +115,14 @@ class _TensorDtypes:
 
     def shape(self, tensor: str) -> Any:
         return self._tensor(tensor).shape
+
+    def has_output(self, op: str) -> bool:
+        """Whether the op (of the rewritten graph) has an output."""
+        try:
+            self._tensor(f"{op}:0")
+        except (KeyError, ValueError):
+            return False
+        return True
 
     def gateable(self, tensor: str) -> bool:
         """Whether an identity may stand for the tensor: not a resource handle or variant (a TensorList,
@@ -350,6 +359,29 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     # reason not found yet; there the anchors stay on the ops themselves.
     gate_ops = GATE_OPS if lowered.distribution is None else frozenset()
     tensor_dtypes = _TensorDtypes(lowered.function.graph)
+    sources: dict[str, str] = {}
+
+    def anchor_source(sink: str) -> str:
+        """What an anchor on ``sink`` waits for: a VALUE_GATE_OP reading its output, not the op itself.
+        Grappler's remapper fuses no pattern whose root has a control output (Conv2D + BiasAdd + Add,
+        the add of a residual block, when the add is the op a later computation waits for)."""
+        if sink not in sources:
+            sources[sink] = sink
+            if gate_ops and tensor_dtypes.has_output(sink) and tensor_dtypes.gateable(sink):
+                name = f"{sink}{_DONE_SUFFIX}"
+                if name in taken:
+                    raise InvalidGraphError(f"cannot name the anchor of op {sink!r}: {name!r} is taken")
+                taken.add(name)
+                done = tf.compat.v1.NodeDef()
+                done.op = VALUE_GATE_OP
+                done.name = name
+                done.attr["T"].type = tensor_dtypes[sink]
+                done.attr["shape"].shape.CopyFrom(tensor_dtypes.shape(sink).as_proto())
+                done.input.append(sink)
+                out_nodes.append(done)
+                sources[sink] = name
+        return sources[sink]
+
     c = -1
 
     for step, (action, i) in enumerate(schedule.plan):
@@ -403,8 +435,15 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
                         f"plan step {step}: op {op!r} of node {i} reads node {j}, which the plan has freed")
                 rewired.append(("^" if ctrl else "") + copy_name(src, current[j]) + suffix)
             rewired_of[op] = rewired
-            if not has_inner_input and by_name[op].op not in SHAPE_OPS and anchor_sinks:
+            if not has_inner_input and by_name[op].op not in SHAPE_OPS:
                 entry_ops.append(op)
+        # An op of the copy that reads a sink's output waits for it already; an anchor on that sink
+        # would give it a second consumer, and Grappler's remapper fuses no convolution, bias add and
+        # add whose bias add has two (the total order, where the add waits for the bias add before it).
+        read = {_split_input(t)[1] for ts in rewired_of.values() for t in ts if not t.startswith("^")}
+        anchor_sinks = [s for s in anchor_sinks if s not in read]
+        if not anchor_sinks:
+            entry_ops = []
         # Where each entry op takes its anchor (Grappler's remapper fuses no op with a control input,
         # and constant folding turns an op that reads an anchored constant into an anchored one):
         # 1. a private copy of a variable read it makes (a matrix product's or convolution's kernel);
@@ -431,7 +470,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
             found = next((t for t in static if by_name[_split_input(t)[1]].op == "Const" and "Const" in gate_ops), None)
             if found is not None:
                 const_gate[op] = found
-        anchor_inputs = [f"^{s}" for s in anchor_sinks]
+        anchor_inputs = [f"^{anchor_source(s)}" for s in anchor_sinks]
         for tensor in value_gates:
             src, _, idx = tensor.partition(":")
             gated = tf.compat.v1.NodeDef()
