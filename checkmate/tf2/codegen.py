@@ -21,7 +21,10 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   which every op of the copy reading that value reads instead (it passes the tensor on without a
   copy; an ``Identity`` would not do: Grappler's dependency optimizer removes an identity and moves its
   control inputs onto its consumers, before a fusion that needs constant folding first, such as Keras'
-  ``silu`` ``x * sigmoid(1.0 * x)``, is made), else a private copy of a constant it reads.
+  ``silu`` ``x * sigmoid(1.0 * x)``, is made), else a private copy of a constant it reads. On the
+  other end, an anchor waits for an ``EnsureShape`` of the sink op's output rather than for the op
+  (the remapper fuses no convolution + bias add + add whose add has a control output), and a copy
+  takes no anchor on a sink whose output it reads (a second consumer of a bias add stops that fusion too).
   ``order="total"`` anchors every computation on the one before it. ``order="partial"`` anchors only
   what memory needs (:func:`partial_anchors`): every recomputation (it must wait for the frees before
   it, and its anchor keeps it apart from the other copies), every backward computation (backward ops
