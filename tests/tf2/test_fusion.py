@@ -94,9 +94,20 @@ def copies_that_run_other_kernels(fn, plain: dict, generated: dict, nodes) -> li
 
 
 def swish_nodes(lowered) -> list[int]:
+    """Forward nodes holding a swish: a ``Sigmoid`` whose output a ``Mul`` of the same node reads (not
+    a sigmoid gate such as a squeeze-and-excitation block's, whose product is another layer's)."""
     graph = lowered.function.graph
-    return [i for i, ops in enumerate(lowered.node_ops) if not lowered.graph.backward[i]
-            and any(graph.get_operation_by_name(op).type == "Sigmoid" for op in ops)]
+    out = []
+    for i, ops in enumerate(lowered.node_ops):
+        if lowered.graph.backward[i]:
+            continue
+        members = set(ops)
+        for name in ops:
+            op = graph.get_operation_by_name(name)
+            if op.type == "Sigmoid" and any(c.type == "Mul" and c.name in members for c in op.outputs[0].consumers()):
+                out.append(i)
+                break
+    return out
 
 
 @pytest.mark.parametrize("order", ["total", "partial"])
