@@ -92,7 +92,7 @@ class InputIndex:
         return used
 
 
-def prune_unused_holds(graph: "Graph", retain: np.ndarray) -> np.ndarray:
+def prune_unused_holds(graph: "Graph", retain: np.ndarray, *, changed_rows: tuple[int, int] | None = None) -> np.ndarray:
     """Drop holds that nothing uses, re-deriving the minimal recomputation as it goes: ``S[t, i]``
     goes when stage ``t`` neither reads ``i`` (under the minimal recomputation of the pruned holds)
     nor holds it into ``t + 1``, and ``i`` is not an output.
@@ -100,13 +100,20 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray) -> np.ndarray:
     Such a hold only costs memory (the value sits there until the end of the stage). Going from the
     last stage back settles each stage once: a stage's needs depend only on its own S row and the
     next (already pruned), so one pass suffices.
+
+    ``changed_rows=(low, high)``: ``retain`` is a pruned matrix (one this function returned) whose
+    rows ``low..high`` were changed since. Rows after ``high`` and their successors are as they were,
+    so they are settled already; the pass starts at ``high`` and stops at the first row below ``low``
+    that it leaves as it was (every earlier stage then sees what it saw when it was pruned). The same
+    result as the full pass, in a few rows' work where a search changes one column.
     """
     n = graph.n
     S = np.array(retain, dtype=bool)
     S &= np.tri(n, k=-1, dtype=bool)
     deps = graph.deps
     output = graph.output
-    for t in range(n - 1, 0, -1):
+    low, high = (0, n - 1) if changed_rows is None else (max(int(changed_rows[0]), 0), min(int(changed_rows[1]), n - 1))
+    for t in range(high, 0, -1):
         held = S[t]
         keep_next = S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
         need = np.zeros(t + 1, dtype=bool)
@@ -120,6 +127,8 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray) -> np.ndarray:
                     if not held[d]:
                         need[d] = True
         useless = held & ~used & ~keep_next & ~output
+        if t < low and not useless.any():
+            break
         S[t, useless] = False
     return S
 

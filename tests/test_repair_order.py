@@ -62,3 +62,24 @@ def test_repair_chooses_as_trying_every_drop(make):
         assert found.cost == pytest.approx(reference.cost)
         compared += 1
     assert compared >= 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruning_the_changed_rows_equals_the_full_pass(seed):
+    from checkmate.bounds import prune_unused_holds
+
+    graph = synthetic.random_forward(16, seed=seed)
+    rng = np.random.default_rng(seed)
+    S = prune_unused_holds(graph, checkpoint_all_schedule(graph).retain | forced_retention(graph))
+    for _ in range(12):
+        held = np.argwhere(S & ~forced_retention(graph))
+        if not len(held):
+            break
+        t, i = held[rng.integers(len(held))]
+        end = t
+        S2 = np.array(S)
+        while end < graph.n and S2[end, i]:
+            S2[end, i] = False
+            end += 1
+        S = prune_unused_holds(graph, S2, changed_rows=(t, end - 1))
+        assert np.array_equal(S, prune_unused_holds(graph, S2))

@@ -16,7 +16,7 @@ import numpy as np
 
 from checkmate.bounds import prune_unused_holds
 from checkmate.schedule import Schedule, minimal_recompute
-from checkmate.simulate import simulate
+from checkmate.simulate import peak_memory_bytes, simulate
 from checkmate.solvers.candidates import Candidate, evaluate, forced_retention, schedule_from_retain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,8 +49,12 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
         return None
     # the candidates are replayed from their matrices (no plan is built): the schedule of the drop kept
     # at the end is built once
-    R, S = first.schedule.recompute, first.schedule.retain
+    # pruned once here, so that each drop below re-prunes only the rows it changes
+    S = prune_unused_holds(graph, first.schedule.retain | forced)
+    R = minimal_recompute(graph, S)
     sim = simulate(graph, _Matrices(R, S))
+    if not sim.valid:
+        return None
     cost, peak = sim.compute_cost, sim.peak_memory_bytes
     n = graph.n
     changed = False
@@ -70,17 +74,22 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
             while end < n and S2[end, i]:
                 S2[end, i] = False
                 end += 1
-            S2 = prune_unused_holds(graph, S2 | forced)
+            S2 = prune_unused_holds(graph, S2, changed_rows=(t, end - 1))
             R2 = minimal_recompute(graph, S2)
-            sim2 = simulate(graph, _Matrices(R2, S2))
-            if not sim2.valid or sim2.peak_memory_bytes >= peak:
+            # valid by construction (the minimal R of pruned holds): the array replay of the peak
+            # suffices to rank it, and the drop kept is replayed in full below
+            peak2 = peak_memory_bytes(graph, R2, S2)
+            if peak2 >= peak:
                 continue
-            score = (sim2.compute_cost - cost) / (peak - sim2.peak_memory_bytes)
+            score = (float(graph.cost[np.nonzero(R2)[1]].sum()) - cost) / (peak - peak2)
             if score < best_score:
-                best, best_score = (R2, S2, sim2), score
+                best, best_score = (R2, S2), score
         if best is None:
             return None
-        R, S, sim = best
+        R, S = best
+        sim = simulate(graph, _Matrices(R, S))
+        if not sim.valid:
+            return None
         cost, peak, changed = sim.compute_cost, sim.peak_memory_bytes, True
     if not changed:
         return first
