@@ -126,18 +126,21 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
     forced = forced_retention(graph)
     cost = graph.cost
 
-    def moved(R, S, t, i):
-        """(R, S) after holding ``i`` instead of recomputing it in stage ``t``."""
+    def moved(R, S, t, i, settled):
+        """(R, S) after holding ``i`` instead of recomputing it in stage ``t``. ``settled``: S is its
+        own pruning, so only the rows the move changes are pruned again."""
         s = t - 1
         while s > i and not (R[s, i] or S[s, i]):
             s -= 1
         S2 = np.array(S)
         S2[s + 1:t + 1, i] = True
-        S2 = prune_unused_holds(graph, S2 | forced)
+        S2 = (prune_unused_holds(graph, S2, changed_rows=(s + 1, t)) if settled
+              else prune_unused_holds(graph, S2 | forced))
         return minimal_recompute(graph, S2), S2
 
     while not over():
         R, S = current.schedule.recompute, current.schedule.retain
+        settled = bool(np.array_equal(prune_unused_holds(graph, S | forced), S))
         tt, ii = np.nonzero(np.tril(R, -1))
         cheaper = current.cost - 1e-12 * abs(current.cost)
         # (cost, t, i) of each move that lowers the cost; the matrices are rebuilt for the few replayed
@@ -146,7 +149,7 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
         for t, i in zip(tt.tolist(), ii.tolist()):
             if over():
                 break
-            R2, _ = moved(R, S, t, i)
+            R2, _ = moved(R, S, t, i, settled)
             move_cost = float(cost[np.nonzero(R2)[1]].sum())
             if move_cost < cheaper:
                 moves.append((move_cost, len(moves), t, i))
@@ -154,7 +157,10 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
         for _, _, t, i in sorted(moves):
             if over():
                 break
-            R2, S2 = moved(R, S, t, i)
+            R2, S2 = moved(R, S, t, i, settled)
+            # the array replay of the peak rules most moves out; the one kept is replayed in full
+            if peak_memory_bytes(graph, R2, S2) > budget_bytes:
+                continue
             sim = simulate(graph, _Matrices(R2, S2))
             if sim.valid and sim.peak_memory_bytes <= budget_bytes and sim.compute_cost < cheaper:
                 best = Candidate(Schedule.from_matrices(graph, R2, S2), sim.compute_cost, sim.peak_memory_bytes,
