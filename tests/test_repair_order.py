@@ -83,3 +83,38 @@ def test_pruning_the_changed_rows_equals_the_full_pass(seed):
             end += 1
         S = prune_unused_holds(graph, S2, changed_rows=(t, end - 1))
         assert np.array_equal(S, prune_unused_holds(graph, S2))
+
+
+@pytest.mark.slow
+def test_repair_and_refinement_with_values_that_must_run_once():
+    """GPT-2's graph has dropout states that are never recomputed: a drop that makes a value be
+    recomputed may need such an input held again, which the rebuild from S restores. (About 35 s: the
+    reference refinement replays every move of every round.)"""
+    from pathlib import Path
+
+    import checkmate
+    from checkmate.errors import InfeasibleBudgetError
+    from checkmate.graph import load_graph
+    from checkmate.solvers import parse_budget
+    from checkmate.solvers.registry import STRATEGIES
+    from checkmate.solvers.rounding import improve_by_holding
+    from checkmate.solvers.types import SolveOptions
+
+    from test_milp import _improve_by_replaying_every_move
+
+    graph = load_graph(Path(__file__).resolve().parents[1] / "experiments" / "results" / "graphs" / "real" / "gpt2.json")
+    assert not graph.recomputable.all()
+    budget = parse_budget("50%", graph)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.solve(graph, budget, strategy="chen_greedy_linearized")
+    start = STRATEGIES["chen_greedy_linearized"].fn(graph, int(info.value.min_feasible_budget_bytes),
+                                                    SolveOptions()).schedule
+    found = repair_to_budget(graph, start, budget)
+    reference = _repair_trying_every_drop(graph, start, budget)
+    assert found is not None and reference is not None
+    assert_valid_schedule(graph, found.schedule, budget)
+    assert np.array_equal(found.schedule.retain, reference.schedule.retain)
+    fast = improve_by_holding(graph, found, budget)
+    slow = _improve_by_replaying_every_move(graph, found, budget)
+    assert fast.cost == pytest.approx(slow.cost) and fast.cost < found.cost
+    assert_valid_schedule(graph, fast.schedule, budget)
