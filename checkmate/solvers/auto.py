@@ -14,7 +14,11 @@ holds are dropped at the replayed peak, cheapest per byte first, until the peak 
 structured strategy refuses (language models at 50% of checkpoint-all, where a vocabulary-sized
 loss and wide feed-forward values make one level of recomputation per block too coarse), before
 the main strategy runs, so that a time limit never leaves auto without a schedule that is cheap to
-find. The time left at the end *refines* the best schedule: recomputations are replaced by holds
+find. On graphs of up to :data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and
+no schedule is within :data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired
+to the budget the same way: long skips and dense concatenations defeat the structured strategies,
+not this. When nothing fits, the least peak that a repair reaches is among the minimums the error
+names. The time left at the end *refines* the best schedule: recomputations are replaced by holds
 while the peak still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
 """
 
