@@ -22,7 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
 __all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
-           "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound"]
+           "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
+           "COMBINED_BOUND_MAX_NONZEROS"]
 
 
 # ------------------------------------------------------------------------------------------ bounds
@@ -91,7 +92,7 @@ class InputIndex:
         return used
 
 
-def prune_unused_holds(graph: "Graph", retain: np.ndarray) -> np.ndarray:
+def prune_unused_holds(graph: "Graph", retain: np.ndarray, *, changed_rows: tuple[int, int] | None = None) -> np.ndarray:
     """Drop holds that nothing uses, re-deriving the minimal recomputation as it goes: ``S[t, i]``
     goes when stage ``t`` neither reads ``i`` (under the minimal recomputation of the pruned holds)
     nor holds it into ``t + 1``, and ``i`` is not an output.
@@ -99,13 +100,20 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray) -> np.ndarray:
     Such a hold only costs memory (the value sits there until the end of the stage). Going from the
     last stage back settles each stage once: a stage's needs depend only on its own S row and the
     next (already pruned), so one pass suffices.
+
+    ``changed_rows=(low, high)``: ``retain`` is a pruned matrix (one this function returned) whose
+    rows ``low..high`` were changed since. Rows after ``high`` and their successors are as they were,
+    so they are settled already; the pass starts at ``high`` and stops at the first row below ``low``
+    that it leaves as it was (every earlier stage then sees what it saw when it was pruned). The same
+    result as the full pass, in a few rows' work where a search changes one column.
     """
     n = graph.n
     S = np.array(retain, dtype=bool)
     S &= np.tri(n, k=-1, dtype=bool)
     deps = graph.deps
     output = graph.output
-    for t in range(n - 1, 0, -1):
+    low, high = (0, n - 1) if changed_rows is None else (max(int(changed_rows[0]), 0), min(int(changed_rows[1]), n - 1))
+    for t in range(high, 0, -1):
         held = S[t]
         keep_next = S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
         need = np.zeros(t + 1, dtype=bool)
@@ -119,6 +127,8 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray) -> np.ndarray:
                     if not held[d]:
                         need[d] = True
         useless = held & ~used & ~keep_next & ~output
+        if t < low and not useless.any():
+            break
         S[t, useless] = False
     return S
 
@@ -146,6 +156,95 @@ def drop_holds_unread_by(graph: "Graph", retain: np.ndarray, recompute: np.ndarr
 
 
 # ------------------------------------------------------------------------------------------ cost bound
+# The combined bound's linear programme is skipped beyond this many nonzeros (droppable values summed
+# over the moments that need drops): about 10^7 nonzeros take HiGHS tens of seconds, and the bound of
+# the single worst moment still holds.
+COMBINED_BOUND_MAX_NONZEROS = 4_000_000
+
+
+def _moments(graph: "Graph", budget_bytes: int) -> tuple[list[np.ndarray], list[float]] | None:
+    """For each moment a node first runs at which holding every value still needed exceeds the budget:
+    the values that may be dropped then (recomputable, still read by a later node) and the excess bytes
+    that must be dropped. None when some moment cannot fit even with every droppable value dropped."""
+    n = graph.n
+    mem = graph.mem.astype(np.int64)
+    last_reader = np.array([max(users) if users else -1 for users in graph.users], dtype=np.int64)
+    output = graph.output
+    order = np.arange(n)
+    outputs_before = np.concatenate([[0], np.cumsum(np.where(output, mem, 0))])
+    droppables: list[np.ndarray] = []
+    excesses: list[float] = []
+    for t in range(1, n):
+        inputs = list(graph.deps[t])
+        held_fixed = int(graph.fixed_mem) + int(mem[t]) + int(mem[inputs].sum()) + int(outputs_before[t])
+        held_fixed -= int(mem[[d for d in inputs if output[d]]].sum())   # an input that is an output counts once
+        # values alive after t: computed before t and read by a node after t (outputs are counted apart)
+        alive = (order < t) & (last_reader > t) & ~output
+        if inputs:
+            alive[inputs] = False
+        excess = held_fixed + int(mem[alive].sum()) - int(budget_bytes)
+        if excess <= 0:
+            continue
+        droppable = np.flatnonzero(alive & graph.recomputable & (mem > 0))
+        if int(mem[droppable].sum()) < excess:
+            return None   # nothing fits: the budget is below what this moment needs
+        droppables.append(droppable)
+        excesses.append(float(excess))
+    return droppables, excesses
+
+
+def _knapsack_extra(graph: "Graph", droppable: np.ndarray, excess: float) -> float:
+    """The least cost of dropping ``excess`` bytes out of ``droppable``, values taken in part allowed
+    (the fractional knapsack: cheapest cost per byte first, the last one in part)."""
+    sizes = graph.mem[droppable].astype(np.float64)
+    costs = graph.cost[droppable]
+    by_ratio = np.argsort(costs / sizes, kind="stable")
+    sizes, costs = sizes[by_ratio], costs[by_ratio]
+    freed = np.cumsum(sizes)
+    whole = min(int(np.searchsorted(freed, excess)), len(sizes) - 1)  # items 0..whole-1 whole, `whole` in part
+    before = float(freed[whole - 1]) if whole else 0.0
+    return float(costs[:whole].sum()) + float(costs[whole]) * (excess - before) / float(sizes[whole])
+
+
+def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[float]) -> float:
+    """A lower bound on the recomputation every moment forces together (0 when it cannot be computed).
+
+    Let ``x[v]`` be 1 when value ``v`` is computed more than once, else 0. A value dropped at any
+    moment (not resident then, still read later) is computed again after it, so every moment ``m``
+    needs ``sum(mem[v] * x[v] for v droppable at m) >= excess[m]``, and the recomputation costs at least
+    ``sum(cost[v] * x[v])``. A value dropped at several moments is counted once, as one computation
+    after the last of them serves them all: that is why the moments can be combined, and why the
+    programme ``min cost @ x`` subject to those rows, ``0 <= x <= 1``, bounds every schedule's
+    recomputation from below (its optimum is at most the cost of any schedule's own ``x``).
+
+    The bound returned is not the solver's optimum but a value checked here by weak duality: for any
+    ``y >= 0`` (one multiplier per row, HiGHS' duals clipped at 0) and ``z = max(0, A^T y - cost)``,
+    every feasible ``x`` has ``cost @ x >= (A^T y - z) @ x >= y @ excess - sum(z)``. No solver
+    tolerance can make it exceed the programme's optimum. It is at least as high as the single worst
+    moment's fractional knapsack (that row alone) when the solver's duals are exact.
+    """
+    if len(droppables) < 2 or sum(len(d) for d in droppables) > COMBINED_BOUND_MAX_NONZEROS:
+        return 0.0
+    try:
+        import scipy.sparse as sp
+        from scipy.optimize import linprog
+    except ImportError:  # pragma: no cover - scipy is a dependency of the solvers
+        return 0.0
+    rows = np.repeat(np.arange(len(droppables)), [len(d) for d in droppables])
+    cols = np.concatenate(droppables)
+    excess = np.asarray(excesses, dtype=np.float64)
+    # each row divided by its excess: coefficients of order one, the right-hand sides all 1
+    values = graph.mem[cols].astype(np.float64) / excess[rows]
+    A = sp.csr_matrix((values, (rows, cols)), shape=(len(droppables), graph.n))
+    cost = graph.cost.astype(np.float64)
+    res = linprog(cost, A_ub=-A, b_ub=-np.ones(len(droppables)), bounds=(0.0, 1.0), method="highs")
+    if res.status != 0 or res.ineqlin is None:
+        return 0.0
+    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+    z = np.maximum(A.T @ y - cost, 0.0)
+    return max(float(y.sum()) - float(z.sum()), 0.0)
+
+
 def cost_lower_bound(graph: "Graph", budget_bytes: int) -> float:
     """A lower bound on the compute cost of every schedule that fits ``budget_bytes``, at any scale.
 
@@ -155,41 +254,17 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int) -> float:
     costs at least ``cost[v]`` more. So the values dropped at that moment must free at least the
     bytes by which holding all of them would exceed the budget, and the cheapest way to do that is
     bounded below by the fractional knapsack (drop values in increasing cost per byte, the last one
-    in part). Each moment gives a valid bound; the result is ``sum(cost)`` plus the largest of them.
-    Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst, in array operations.
+    in part). Each moment gives a valid bound. The moments together give another
+    (:func:`_combined_extra`: a linear programme over which values are computed again, checked by its
+    dual). The result is ``sum(cost)`` plus the larger of the worst moment's and the combined one.
+    Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst in array operations,
+    and one linear programme of ``n`` columns and a row per moment that needs drops.
     """
-    n = graph.n
-    mem = graph.mem.astype(np.int64)
-    cost = graph.cost
-    last_reader = np.array([max(users) if users else -1 for users in graph.users], dtype=np.int64)
-    output = graph.output
-    base = float(cost.sum())
-    best_extra = 0.0
-    # values alive after t: computed before t and read by a node after t (outputs are counted apart)
-    order = np.arange(n)
-    outputs_before = np.concatenate([[0], np.cumsum(np.where(output, mem, 0))])
-    for t in range(1, n):
-        inputs = list(graph.deps[t])
-        held_fixed = int(graph.fixed_mem) + int(mem[t]) + int(mem[inputs].sum()) + int(outputs_before[t])
-        held_fixed -= int(mem[[d for d in inputs if output[d]]].sum())   # an input that is an output counts once
-        alive = (order < t) & (last_reader > t) & ~output
-        if inputs:
-            alive[inputs] = False
-        live_bytes = int(mem[alive].sum())
-        excess = held_fixed + live_bytes - int(budget_bytes)
-        if excess <= 0:
-            continue
-        droppable = alive & graph.recomputable & (mem > 0)
-        sizes = mem[droppable].astype(np.float64)
-        if sizes.sum() < excess:
-            return math.inf   # nothing fits: the budget is below what this moment needs
-        ratio = cost[droppable] / sizes
-        by_ratio = np.argsort(ratio, kind="stable")
-        sizes, costs = sizes[by_ratio], cost[droppable][by_ratio]
-        freed = np.cumsum(sizes)
-        whole = int(np.searchsorted(freed, excess))      # items 0..whole-1 whole, item `whole` in part
-        extra = float(costs[:whole].sum())
-        before = float(freed[whole - 1]) if whole else 0.0
-        extra += costs[whole] * (excess - before) / sizes[whole]
-        best_extra = max(best_extra, extra)
-    return base + best_extra
+    base = float(graph.cost.sum())
+    found = _moments(graph, budget_bytes)
+    if found is None:
+        return math.inf
+    droppables, excesses = found
+    check_deadline()
+    single = max((_knapsack_extra(graph, d, e) for d, e in zip(droppables, excesses)), default=0.0)
+    return base + max(single, _combined_extra(graph, droppables, excesses))

@@ -82,6 +82,7 @@ def test_auto_repairs_a_schedule_at_a_budget_every_strategy_refuses(unet):
     assert "repaired" in r.status
 
 
+@pytest.mark.slow
 def test_auto_minimum_is_the_smallest_of_its_strategies(unet):
     budget = largest_working_set_bytes(unet) - 1        # below what any schedule needs
     minimums = []

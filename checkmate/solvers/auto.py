@@ -14,13 +14,18 @@ holds are dropped at the replayed peak, cheapest per byte first, until the peak 
 structured strategy refuses (language models at 50% of checkpoint-all, where a vocabulary-sized
 loss and wide feed-forward values make one level of recomputation per block too coarse), before
 the main strategy runs, so that a time limit never leaves auto without a schedule that is cheap to
-find. The time left at the end *refines* the best schedule: recomputations are replaced by holds
+find. On graphs of up to :data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and
+no schedule is within :data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired
+to the budget the same way: long skips and dense concatenations defeat the structured strategies,
+not this. When nothing fits, the least peak that a repair reaches is among the minimums the error
+names. The time left at the end *refines* the best schedule: recomputations are replaced by holds
 while the peak still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from dataclasses import replace
@@ -41,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
-           "REPAIR_TIME_SHARE", "REPAIR_MAX_S", "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
+           "AUTO_DROP_START_MAX_NODES", "REPAIR_TIME_SHARE", "REPAIR_MAX_S", "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -54,6 +59,12 @@ AUTO_FLAT_FALLBACK_MAX_NODES = 2 * AUTO_MILP_MAX_NODES
 AUTO_HIERARCHICAL_FIRST_MIN_NODES = 80
 # The hierarchical plan is good enough when it is within this share of its proven lower bound.
 AUTO_TARGET_GAP = 0.02
+# Up to this size, when no schedule is within AUTO_TARGET_GAP of the bound, the holds of checkpoint-all
+# are dropped at the peak, cheapest per byte, until it fits (U-Nets of 326 and 446 nodes at 40-50%:
+# 1.04x against 1.15-1.31x from the structured strategies, in 10-30 s on two loaded cores). Each drop
+# replays O(n^2) cells for a few candidates: beyond, it rarely finishes in a compile's time limit.
+# Measured: experiments/results/README.md, section i.
+AUTO_DROP_START_MAX_NODES = 500
 # The fallback is not started with less time left than this.
 AUTO_FALLBACK_MIN_SECONDS = 5.0
 # The baselines that form the floor (the budget-aware ones search their whole family for the budget);
@@ -139,11 +150,14 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             floor_minimums.append((minimums[-1], name))
     main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
     best_floor = min(results, key=lambda r: r[0]) if results else None
-    # below the largest working set no schedule exists: nothing to repair
-    if best_floor is None and budget_bytes >= largest_working_set_bytes(graph):
+    # below the largest working set no schedule exists, but the repair's least peak is still the
+    # smallest budget known to fit (far below the floor's on long-skip graphs)
+    if best_floor is None:
         repair_s = REPAIR_MAX_S if deadline is None else min(REPAIR_TIME_SHARE * float(options.time_limit_s),
                                                              REPAIR_MAX_S)
-        repaired = _repair(graph, budget_bytes, floor_minimums, over, start + repair_s)
+        lowest: list = []
+        repaired = _repair(graph, budget_bytes, floor_minimums, over, start + repair_s, lowest=lowest)
+        minimums.extend(c.peak_bytes for c in lowest if c is not None)
         if repaired is not None:
             results.append(repaired)
             _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", repaired[2].status,
@@ -151,20 +165,49 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     # the main strategy leaves time for the refinement when a schedule is known already
     reserve = 0.0 if deadline is None or not results else REFINE_TIME_SHARE * float(options.time_limit_s)
     left = None if deadline is None else max(deadline - reserve - time.perf_counter(), 1.0)
+    dropped_from: list[str] = []      # "checkpoint_all" once the drops from it have run
+
+    def drop_from_checkpoint_all() -> None:
+        """Long skips and dense concatenations: drops of holds at the peak, cheapest per byte, from
+        checkpoint-all (the repair above) land far closer to the bound than the structured strategies
+        and, under a time limit, the flat MILP. Run when no schedule is within the target gap yet."""
+        if (graph.n > AUTO_DROP_START_MAX_NODES or budget_bytes < largest_working_set_bytes(graph)
+                or dropped_from or any(r[1] == "checkpoint_all" for r in results)
+                or not _short_of_bound(graph, budget_bytes, results)):
+            return
+        until = None if deadline is None else deadline - reserve
+        if until is not None and until - time.perf_counter() < AUTO_FALLBACK_MIN_SECONDS:
+            return
+        dropped_from.append("checkpoint_all")
+        _logger.info("auto: no schedule within %.0f%% of the bound: holds dropped from checkpoint-all",
+                     100 * AUTO_TARGET_GAP)
+        dropped = _repair(graph, budget_bytes, [], [], until)
+        if dropped is not None and dropped[0] < min((r[0] for r in results), default=math.inf):
+            results.append(dropped)
+            _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", dropped[2].status,
+                         dropped[0] / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
+
     if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
         if main == "checkmate_milp" and graph.n >= AUTO_HIERARCHICAL_FIRST_MIN_NODES:
             attempt("hierarchical", replace(options, time_limit_s=left))
+            drop_from_checkpoint_all()
             left = None if deadline is None else deadline - reserve - time.perf_counter()
-            if _short_of_target(graph, results, "hierarchical") and (left is None or left >= AUTO_FALLBACK_MIN_SECONDS):
+            if (_short_of_target(graph, results, "hierarchical") and _short_of_bound(graph, budget_bytes, results)
+                    and (left is None or left >= AUTO_FALLBACK_MIN_SECONDS)):
                 attempt(main, replace(options, time_limit_s=left))
+        elif main == "hierarchical":
+            attempt(main, replace(options, time_limit_s=left))
+            drop_from_checkpoint_all()
         else:
             attempt(main, replace(options, time_limit_s=left))
-        if main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main):
+        if (main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main)
+                and _short_of_bound(graph, budget_bytes, results)):
             left = None if deadline is None else deadline - reserve - time.perf_counter()
             if left is None or left >= AUTO_FALLBACK_MIN_SECONDS:
                 _logger.info("auto: the hierarchical plan is missing or not within %.0f%% of its bound: flat MILP "
                              "with the time left", 100 * AUTO_TARGET_GAP)
                 attempt("checkmate_milp", replace(options, time_limit_s=left))
+    drop_from_checkpoint_all()
     if not results and timed_out:
         # a strategy that ran out of time may have fitted: the budget is not known to be infeasible,
         # and a minimum found by the others is only an upper bound
@@ -198,10 +241,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
 
 
 def _repair(graph: "Graph", budget_bytes: int, minimums: list[tuple[int, str]],
-            over: list[tuple[int, str, "Schedule"]], until: float | None) -> tuple[float, str, "StrategyOutput"] | None:
+            over: list[tuple[int, str, "Schedule"]], until: float | None,
+            lowest: list | None = None) -> tuple[float, str, "StrategyOutput"] | None:
     """The first schedule that :func:`repair_to_budget` brings within the budget, from the starts
     closest to it: each refusing floor strategy's least-peak schedule, then those that replayed above
-    the budget (checkpoint-all's among them), lowest peak first; None when none is repaired in time."""
+    the budget (checkpoint-all's among them), lowest peak first; None when none is repaired in time.
+    ``lowest`` receives, for each start the repair gave up on, the least-peak schedule it reached."""
     # one start per strategy: the schedule it returned where there is one (no second solve)
     by_name: dict[str, tuple[int, str, "Schedule | None"]] = {name: (peak, name, None) for peak, name in minimums}
     by_name.update({name: (peak, name, schedule) for peak, name, schedule in over})
@@ -216,7 +261,7 @@ def _repair(graph: "Graph", budget_bytes: int, minimums: list[tuple[int, str]],
                                 STRATEGIES[name].fn(graph, int(peak), SolveOptions()).schedule)
                 if schedule is None:
                     continue
-                found = repair_to_budget(graph, schedule, budget_bytes, deadline=until)
+                found = repair_to_budget(graph, schedule, budget_bytes, deadline=until, lowest=lowest)
         except CheckmateError as exc:      # a deadline, or a start that does not exist at that budget
             _logger.info("auto: no repair of %s (%s)", name, exc)
             continue
@@ -253,6 +298,16 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     status = re.sub(r"\s+", " ", status).strip(" ;,")
     status = (status + "; " if status else "") + "refined (recomputations replaced by holds that fit)"
     return check.compute_cost, replace(out, schedule=better.schedule, status=status, optimal=False)
+
+
+def _short_of_bound(graph: "Graph", budget_bytes: int, results: list) -> bool:
+    """Whether no schedule found is within :data:`AUTO_TARGET_GAP` of the best proven lower bound."""
+    if not results:
+        return True
+    cost = min(r[0] for r in results)
+    lower = max([cost_lower_bound(graph, budget_bytes),
+                 *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
+    return relative_gap(cost, min(lower, cost)) > AUTO_TARGET_GAP
 
 
 def _short_of_target(graph: "Graph", results: list, main: str) -> bool:

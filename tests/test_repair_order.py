@@ -1,0 +1,120 @@
+"""The repair of a schedule to a budget tries the drops of holds in increasing cost per byte and stops
+early: it must choose exactly what trying every drop at the peak chooses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from checkmate import synthetic
+from checkmate.bounds import checkpoint_all_peak, checkpoint_all_schedule
+from checkmate.simulate import simulate
+from checkmate.solvers.candidates import evaluate, forced_retention, schedule_from_retain
+from checkmate.solvers.rounding import repair_to_budget
+
+from cases import assert_valid_schedule
+
+
+def _repair_trying_every_drop(graph, schedule, budget_bytes):
+    """Reference: at each step every hold at the peak is dropped in turn and the least added cost per
+    byte of peak removed is kept."""
+    forced = forced_retention(graph)
+    current = evaluate(graph, schedule, "reference")
+    while current.peak_bytes > budget_bytes:
+        t = simulate(graph, current.schedule).peak_step.stage
+        S = current.schedule.retain
+        best, best_score = None, math.inf
+        for i in np.flatnonzero(S[t] & ~forced[t]):
+            S2 = np.array(S)
+            end = t
+            while end < graph.n and S2[end, i]:
+                S2[end, i] = False
+                end += 1
+            cand = evaluate(graph, schedule_from_retain(graph, S2), "reference")
+            if cand is None or cand.peak_bytes >= current.peak_bytes:
+                continue
+            score = (cand.cost - current.cost) / (current.peak_bytes - cand.peak_bytes)
+            if score < best_score:
+                best, best_score = cand, score
+        if best is None:
+            return None
+        current = best
+    return current
+
+
+@pytest.mark.parametrize("make", [lambda: synthetic.unet(3), lambda: synthetic.random_forward(14, seed=2),
+                                  lambda: synthetic.resnet(4, mem=4)])
+def test_repair_chooses_as_trying_every_drop(make):
+    graph = make()
+    peak = checkpoint_all_peak(graph)
+    compared = 0
+    for fraction in (0.8, 0.6):
+        budget = int(peak * fraction)
+        reference = _repair_trying_every_drop(graph, checkpoint_all_schedule(graph), budget)
+        found = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+        assert (found is None) == (reference is None)
+        if found is None:
+            continue
+        assert_valid_schedule(graph, found.schedule, budget)
+        assert np.array_equal(found.schedule.retain, reference.schedule.retain)
+        assert found.cost == pytest.approx(reference.cost)
+        compared += 1
+    assert compared >= 1
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruning_the_changed_rows_equals_the_full_pass(seed):
+    from checkmate.bounds import prune_unused_holds
+
+    graph = synthetic.random_forward(16, seed=seed)
+    rng = np.random.default_rng(seed)
+    S = prune_unused_holds(graph, checkpoint_all_schedule(graph).retain | forced_retention(graph))
+    for _ in range(12):
+        held = np.argwhere(S & ~forced_retention(graph))
+        if not len(held):
+            break
+        t, i = held[rng.integers(len(held))]
+        end = t
+        S2 = np.array(S)
+        while end < graph.n and S2[end, i]:
+            S2[end, i] = False
+            end += 1
+        S = prune_unused_holds(graph, S2, changed_rows=(t, end - 1))
+        assert np.array_equal(S, prune_unused_holds(graph, S2))
+
+
+@pytest.mark.slow
+def test_repair_and_refinement_with_values_that_must_run_once():
+    """GPT-2's graph has dropout states that are never recomputed: a drop that makes a value be
+    recomputed may need such an input held again, which the rebuild from S restores. (About 35 s: the
+    reference refinement replays every move of every round.)"""
+    from pathlib import Path
+
+    import checkmate
+    from checkmate.errors import InfeasibleBudgetError
+    from checkmate.graph import load_graph
+    from checkmate.solvers import parse_budget
+    from checkmate.solvers.registry import STRATEGIES
+    from checkmate.solvers.rounding import improve_by_holding
+    from checkmate.solvers.types import SolveOptions
+
+    from test_milp import _improve_by_replaying_every_move
+
+    graph = load_graph(Path(__file__).resolve().parents[1] / "experiments" / "results" / "graphs" / "real" / "gpt2.json")
+    assert not graph.recomputable.all()
+    budget = parse_budget("50%", graph)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.solve(graph, budget, strategy="chen_greedy_linearized")
+    start = STRATEGIES["chen_greedy_linearized"].fn(graph, int(info.value.min_feasible_budget_bytes),
+                                                    SolveOptions()).schedule
+    found = repair_to_budget(graph, start, budget)
+    reference = _repair_trying_every_drop(graph, start, budget)
+    assert found is not None and reference is not None
+    assert_valid_schedule(graph, found.schedule, budget)
+    assert np.array_equal(found.schedule.retain, reference.schedule.retain)
+    fast = improve_by_holding(graph, found, budget)
+    slow = _improve_by_replaying_every_move(graph, found, budget)
+    assert fast.cost == pytest.approx(slow.cost) and fast.cost < found.cost
+    assert_valid_schedule(graph, fast.schedule, budget)
