@@ -414,7 +414,8 @@ ALLOCATOR_HEADROOM_FRACTION = 0.05
 # 25.2 MiB in its first three runs after the warm-up. Measured: experiments/results/README.md, section i.
 VERIFY_PEAK_REPEATS = 3
 # Plans made and measured at most for one byte budget (the whole budget, then for what each measured
-# step missed by): each is a solve, within the compile's time limit each.
+# step missed by, and once halfway back up after a plan that fits with room to spare): each is a
+# solve, within the compile's time limit each. Measured: experiments/results/README.md, section i.
 VERIFY_ROUNDS = 4
 # compile()'s solve time when none is given: with lowering and code generation, compiling stays
 # under five minutes; auto returns its best schedule so far and says how far from optimal it may be.
@@ -484,17 +485,17 @@ def _measurable(lowered: LoweredGraph, device: str | None) -> str | None:
 
 def _measured_step_peak(step: "CompiledStep", device: str) -> int:
     """The largest step peak (bytes above the resident parameters and batch) over
-    :data:`VERIFY_PEAK_REPEATS` runs of ``step``'s gradients on a random batch of its shapes, after a
+    :data:`VERIFY_PEAK_REPEATS` runs of ``step.gradients`` on a random batch of its shapes, after a
     warm-up run. The model's state variables (BatchNorm statistics, seeds) are restored afterwards."""
     from checkmate.tf2.memory import measure_step
     from checkmate.tf2.timing import _restore, _snapshot, _state_variables, random_batch
 
     x, y = random_batch(step.lowered, step.model)
-    flat = step.function.flat_args(x, y)
     state = _state_variables(step.model)
     before = _snapshot(state)
     try:
-        return int(measure_step(step.function.call_flat, *flat, device=device, repeats=VERIFY_PEAK_REPEATS,
+        # through step.gradients, as a user (or a test) measures the step
+        return int(measure_step(step.gradients, x, y, device=device, repeats=VERIFY_PEAK_REPEATS,
                                 reduce="max").peak_bytes)
     finally:
         _restore(state, before)
@@ -577,24 +578,39 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         return build(solve_for(planned, ""), planned)
     room = budget_bytes - resident
     target = budget_bytes
+    over = budget_bytes + 1        # the least plan budget whose step measured above the budget
+    fitted: CompiledStep | None = None
+    step = None
     for attempt in range(VERIFY_ROUNDS):
         try:
-            step = build(solve_for(target, "" if attempt else " (the whole budget, then checked by running the step)"),
-                         target)
+            candidate = build(solve_for(target, "" if attempt else " (the whole budget, then checked by running "
+                                                                 "the step)"), target)
         except InfeasibleBudgetError:
             if attempt == 0:
                 raise
-            # nothing fits the smaller plan: keep the last one, whose measured peak is reported
-            _log.warning("no schedule fits %s: keeping the plan for %s, whose step measured %s above the parameters "
-                         "and batch (%s available)", format_bytes(target), format_bytes(step.predicted.planned_budget_bytes),
-                         format_bytes(step.verified_step_peak_bytes), format_bytes(room))
-            return step
+            _log.info("no schedule fits %s", format_bytes(target))
+            break
+        step = candidate
         measured = _measured_step_peak(step, measure_on)
         step.verified_step_peak_bytes = measured
         if measured <= room:
             _log.info("planned for %s: the step's measured peak %s fits the %s above the parameters and batch",
                       format_bytes(target), format_bytes(measured), format_bytes(room))
-            return step
+            if fitted is None or step.predicted.compute_cost < fitted.predicted.compute_cost:
+                fitted = step
+            # a plan after one that measured above the budget may leave much of it unused: one more
+            # plan halfway to that one, unless this one's step already uses all but the headroom
+            if fitted is not step or attempt == 0 or measured >= (1 - allocator_headroom) * room:
+                break
+            middle = target + (over - target) // 2
+            if middle <= target:
+                break
+            _log.info("planning for %s, halfway to the plan that measured above the budget", format_bytes(middle))
+            target = middle
+            continue
+        over = min(over, target)
+        if fitted is not None:
+            break
         # the memory model missed by measured / predicted on this plan: plan the next one for the peak
         # that leaves that much room (never more than the allocator headroom leaves); it is strictly
         # smaller than this plan's predicted peak, so every round asks for less
@@ -605,9 +621,11 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         _log.info("the step planned for %s measured %s above the parameters and batch (predicted %s, %s "
                   "available): planning for %s", format_bytes(step.predicted.planned_budget_bytes),
                   format_bytes(measured), format_bytes(predicted_step), format_bytes(room), format_bytes(target))
+    if fitted is not None:
+        return fitted
     _log.warning("the step's measured peak %s exceeds the %s the budget leaves above the parameters and batch "
                  "after %d plans; the allocator's rounding on this device exceeds what the memory model predicts",
-                 format_bytes(step.verified_step_peak_bytes), format_bytes(room), VERIFY_ROUNDS)
+                 format_bytes(step.verified_step_peak_bytes), format_bytes(room), attempt + 1)
     return step
 
 
