@@ -401,8 +401,9 @@ class CompiledStep:
 
 # A budget in bytes (or "auto") is a real memory limit, and the allocator rounds requests up to whole
 # chunks that depend on the allocation history: a measured step peak exceeds the live tensors the plan
-# counts by up to 3.4% on experiments/wall_clock.py's models at 100/70/50% and by 8.6% on a residual
-# MLP plan whose 1-2 MiB values fill the allocator's holes unevenly (and falls 7% short on the U-Net).
+# counts by up to 3.4% on experiments/wall_clock.py's models at 100/70/50% (and falls 7% short on the
+# U-Net), by 13% on its residual MLP's checkpoint-all step and by up to 27% on the test MLP's plans at
+# 60%, where 1 MiB values land in the holes between 256 KiB weight gradients.
 # Where the step can be measured, a plan for the whole budget is run and kept when it fits
 # (compile_lowered's verify_peak); otherwise, and when it does not fit, the plan is made for this share
 # less of the memory above the resident parameters and batch (or for what the measured step missed by,
@@ -520,8 +521,10 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     largest measured peak fits the budget. When it does not, the next plan is made for the peak that
     leaves as much room as that step's measurement exceeded its prediction by, and at least
     ``allocator_headroom`` (a fraction of the memory above the resident parameters and batch), and
-    measured in turn, up to :data:`VERIFY_ROUNDS` plans (the last is kept, with a warning, when none
-    fits). When the step cannot be measured, the schedule is planned with ``allocator_headroom`` left
+    measured in turn; after one that fits with more than ``allocator_headroom`` of the budget unused,
+    one more plan halfway back to the one that measured over, the cheaper that fits kept. At most
+    :data:`VERIFY_ROUNDS` plans are made (each a solve): when none fits, the last is kept with a
+    warning. When the step cannot be measured, the schedule is planned with ``allocator_headroom`` left
     to the allocator's rounding. A percentage is planned as given.
     ``min_feasible_budget_bytes`` of an :class:`InfeasibleBudgetError` is in the user's terms:
     compiling with it succeeds.
