@@ -583,7 +583,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     target = budget_bytes
     over = budget_bytes + 1        # the least plan budget whose step measured above the budget
     fitted: CompiledStep | None = None
-    step = None
+    checked: list[CompiledStep] = []     # every plan made, with its measured peak
     for attempt in range(VERIFY_ROUNDS):
         try:
             candidate = build(solve_for(target, "" if attempt else " (the whole budget, then checked by running "
@@ -596,6 +596,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
         step = candidate
         measured = _measured_step_peak(step, measure_on)
         step.verified_step_peak_bytes = measured
+        checked.append(step)
         if measured <= room:
             _log.info("planned for %s: the step's measured peak %s fits the %s above the parameters and batch",
                       format_bytes(target), format_bytes(measured), format_bytes(room))
@@ -626,9 +627,19 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
                   format_bytes(measured), format_bytes(predicted_step), format_bytes(room), format_bytes(target))
     if fitted is not None:
         return fitted
-    _log.warning("the step's measured peak %s exceeds the %s the budget leaves above the parameters and batch "
-                 "after %d plans; the allocator's rounding on this device exceeds what the memory model predicts",
-                 format_bytes(step.verified_step_peak_bytes), format_bytes(room), attempt + 1)
+    if not any(c.predicted.planned_budget_bytes <= planned for c in checked):
+        # no plan with the allocator headroom was made (the smaller ones did not exist): make it, and
+        # like an unchecked compile, refuse the budget when it does not exist
+        step = build(solve_for(planned, ""), planned)
+        step.verified_step_peak_bytes = _measured_step_peak(step, measure_on)
+        checked.append(step)
+        if step.verified_step_peak_bytes <= room:
+            return step
+    step = min(checked, key=lambda c: (c.verified_step_peak_bytes, c.predicted.compute_cost))
+    _log.warning("no plan's step measured within the %s the budget leaves above the parameters and batch after %d "
+                 "plans (the allocator's rounding on this device exceeds what the memory model predicts): keeping "
+                 "the one that measured least, %s", format_bytes(room), len(checked),
+                 format_bytes(step.verified_step_peak_bytes))
     return step
 
 

@@ -488,10 +488,18 @@ def test_a_byte_budget_plans_again_for_what_the_measured_step_missed(monkeypatch
     monkeypatch.setattr(compile_module, "_measured_step_peak",
                         lambda step, device: runs.append(step) or room + 4096)
     step = _compile_bytes(model, loss, lowered, budget)
-    assert len(runs) == compile_module.VERIFY_ROUNDS and runs[-1] is step
+    assert len(runs) == compile_module.VERIFY_ROUNDS
     planned = [s.predicted.planned_budget_bytes for s in runs]
     assert planned == sorted(planned, reverse=True) and len(set(planned)) == len(planned)
+    # none fits: the one that measured least is kept (here all measured alike: the cheapest)
+    assert step is min(runs, key=lambda s: (s.verified_step_peak_bytes, s.predicted.compute_cost))
     assert "the step measured" in step.summary()
+    # a fixed schedule whose step measures above the budget and that the headroom plan's budget
+    # cannot hold: the budget is refused, as without the check
+    with pytest.raises(InfeasibleBudgetError) as info:
+        compile_module.compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.1), budget=budget,
+                                       strategy="checkpoint_all", schedule_cache=False)
+    assert info.value.min_feasible_budget_bytes > budget
     measured = []
     monkeypatch.setattr(compile_module, "_measurable", lambda lowered, device: None)
     monkeypatch.setattr(compile_module, "_measured_step_peak", lambda step, device: measured.append(step) or 0)
