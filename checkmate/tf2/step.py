@@ -523,8 +523,9 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     ``allocator_headroom`` (a fraction of the memory above the resident parameters and batch), and
     measured in turn; after one that fits with more than ``allocator_headroom`` of the budget unused,
     one more plan halfway back to the one that measured over, the cheaper that fits kept. At most
-    :data:`VERIFY_ROUNDS` plans are made (each a solve): when none fits, the last is kept with a
-    warning. When the step cannot be measured, the schedule is planned with ``allocator_headroom`` left
+    :data:`VERIFY_ROUNDS` plans are made (each a solve); when none fits, the headroom plan is made if
+    none was (the budget is refused when it cannot be, as without the check), and the plan that
+    measured least is kept with a warning. When the step cannot be measured, the schedule is planned with ``allocator_headroom`` left
     to the allocator's rounding. A percentage is planned as given.
     ``min_feasible_budget_bytes`` of an :class:`InfeasibleBudgetError` is in the user's terms:
     compiling with it succeeds.
