@@ -1036,7 +1036,10 @@ TUNED_CONSTANTS = [
      "peaked at 7.29 MiB against 7.51 on the U-Net at 70%, not lower in time). `step_order.md`."),
     ("`ALLOCATOR_HEADROOM_FRACTION` (`tf2/step.py`)", "0.05, the least room after a failed check",
      "Measured over predicted step peaks (BFC allocator) run from 0.92 to 1.27 with the plan and the allocation "
-     "history: `wall_clock.md` at 100/70/50% 0.92-1.03 (one run each); the residual MLP's checkpoint-all 1.13 "
+     "history: the five graphs of tests/tf2/test_memory_model.py, checkpoint-all and chen_sqrtn, four runs "
+     "each after a warm-up in a fresh process, 0.92-1.18 (the MLP's chen_sqrtn 1.175 in every run, the U-Net's "
+     "checkpoint-all 0.97, 1.04, 1.03, 1.18 in turn); `wall_clock.md` at 100/70/50% 0.92-1.03 (one run "
+     "each); the residual MLP's checkpoint-all 1.13 "
      "(85.6 MiB predicted, 96.4 MiB the largest of three runs); the test MLP (tests/tf2/test_codegen.py) at "
      "60% of its checkpoint-all peak, plans predicted at 9.30, 8.55, 8.06 and 7.31 MiB measured 9.77, 10.01, "
      "10.27 and 8.52 MiB (9.57 MiB available), and the plan with this headroom alone measured 10.8 MB against "

@@ -400,10 +400,10 @@ class CompiledStep:
 
 
 # A budget in bytes (or "auto") is a real memory limit, and the allocator rounds requests up to whole
-# chunks that depend on the allocation history: a measured step peak exceeds the live tensors the plan
-# counts by up to 3.4% on experiments/wall_clock.py's models at 100/70/50% (and falls 7% short on the
-# U-Net), by 13% on its residual MLP's checkpoint-all step and by up to 27% on the test MLP's plans at
-# 60%, where 1 MiB values land in the holes between 256 KiB weight gradients.
+# chunks that depend on the allocation history: measured over predicted step peaks run 0.92-1.18 on
+# the five graphs of tests/tf2/test_memory_model.py, 0.92-1.03 on experiments/wall_clock.py's models
+# at 100/70/50%, 1.13 on its residual MLP's checkpoint-all step and up to 1.27 on the test MLP's plans
+# at 60%, where 1 MiB values land in the holes between 256 KiB weight gradients.
 # Where the step can be measured, a plan for the whole budget is run and kept when it fits
 # (compile_lowered's verify_peak); otherwise, and when it does not fit, the plan is made for this share
 # less of the memory above the resident parameters and batch (or for what the measured step missed by,
