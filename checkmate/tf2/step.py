@@ -476,12 +476,12 @@ def _measurable(lowered: LoweredGraph, device: str | None) -> str | None:
     """The device on which a compiled step's peak can be checked by running it, or None: steps under a
     ``tf.distribute`` strategy and TF's default CPU allocator (which does not count allocations under
     256 KiB) are not checked."""
-    from checkmate.tf2.measure import allocator_note
+    from checkmate.tf2.memory import counts_every_allocation
 
     if lowered.distribution is not None:
         return None
     device = device or default_device()
-    return device if allocator_note(device) is None else None
+    return device if counts_every_allocation(device) else None
 
 
 def _measured_step_peak(step: "CompiledStep", device: str) -> int:
