@@ -1040,6 +1040,30 @@ TUNED_CONSTANTS = [
      "MLP 70% 1.086x / 1.092x against 1.067x / 1.066x; U-Net 70% 1.438x / 1.263x against 1.219x / 1.187x; "
      "peaks within 2% of each other, and the U-Net test plan at 50% peaks at 7.0 MiB either way (0 "
      "peaked at 7.29 MiB against 7.51 on the U-Net at 70%, not lower in time). `step_order.md`."),
+    ("`ALLOCATOR_HEADROOM_FRACTION` (`tf2/step.py`)", "0.05, the least room after a failed check",
+     "Measured over predicted step peaks (BFC allocator) run from 0.92 to 1.27 with the plan and the allocation "
+     "history: the five graphs of tests/tf2/test_memory_model.py, checkpoint-all and chen_sqrtn, four runs "
+     "each after a warm-up in a fresh process, 0.92-1.18 (the MLP's chen_sqrtn 1.175 in every run, the U-Net's "
+     "checkpoint-all 0.97, 1.04, 1.03, 1.18 in turn); `wall_clock.md` at 100/70/50% 0.92-1.03 (one run "
+     "each); the residual MLP's checkpoint-all 1.13 "
+     "(85.6 MiB predicted, 96.4 MiB the largest of three runs); the test MLP (tests/tf2/test_codegen.py) at "
+     "60% of its checkpoint-all peak, plans predicted at 9.30, 8.55, 8.06 and 7.31 MiB measured 9.77, 10.01, "
+     "10.27 and 8.52 MiB (9.57 MiB available), and the plan with this headroom alone measured 10.8 MB against "
+     "10.0 MB available. No fixed share is both safe and tight, so where the allocator counts every "
+     "allocation a byte budget is planned whole and checked by running the step; this share stays the "
+     "least room left after a plan that measured above the budget, and the whole of it where the step "
+     "cannot be measured."),
+    ("`VERIFY_PEAK_REPEATS` (`tf2/step.py`)", "3",
+     "Runs of one step after its warm-up measure different peaks: a residual MLP plan 23.7, 25.2 and 25.2 MiB; "
+     "the test MLP's plan at 60% alternates between 8.8 and 9.5 MB from run to run. Three runs see both "
+     "states; the largest counts."),
+    ("`VERIFY_ROUNDS` (`tf2/step.py`)", "4",
+     "The test MLP at 60% needed four plans in one process (each replanned for what the last missed by: "
+     "the four above) and two in another (the whole budget measured 10.27 MiB, the next plan 9.51 MiB of 9.57 "
+     "available); the residual MLP of `wall_clock.py` took two plans at the peaks of `tf.recompute_grad` "
+     "(the whole budget measured above 25.4 MiB, the plan with the headroom 24.8 MiB) and chen_sqrtn (the next "
+     "plan left the 16% the first missed by; 35.0 of 35.9 MiB), one at RematScope's. Each plan is a solve "
+     "(5-15 s on the test MLP, up to the time limit on the residual MLP)."),
     ("`DEFAULT_TIME_BUDGET_S` (`tf2/profiling.py`)", "5 s",
      "A 500-node layer graph on two shared CPU cores measures about 100-200 nodes in this time (nodes "
      "repeated across blocks share one measurement); a 494-node transformer took about 11 s of profiling "

@@ -71,7 +71,12 @@ from typing import Any, Callable
 
 import tensorflow as tf
 
-__all__ = ["measure_peak_memory", "PeakMeasurement", "measure_step", "default_device",
+# TF reads TF_CPU_ALLOCATOR_USE_BFC once, when its CPU device starts (on or before this import): a
+# process that sets it later (the CLI does, for a TF it has not started yet) still has the default
+# allocator when TF was already running, so what was set here is what the CPU allocator does.
+_CPU_BFC_AT_IMPORT = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true")
+
+__all__ = ["measure_peak_memory", "PeakMeasurement", "measure_step", "default_device", "counts_every_allocation",
            "available_device_memory"]
 
 
@@ -121,6 +126,14 @@ def measure_step(fn: Callable[..., Any], *args: Any, device: str | None = None, 
             best = m
     assert best is not None
     return best
+
+
+def counts_every_allocation(device: str | None = None) -> bool:
+    """Whether ``device``'s allocator statistics count every allocation: a GPU's BFC allocator, or the
+    CPU's when ``TF_CPU_ALLOCATOR_USE_BFC`` was set as TensorFlow started (this module is imported
+    with it); TF's default CPU allocator leaves allocations under 256 KiB uncounted."""
+    device = device or default_device()
+    return not device.upper().startswith("CPU") or _CPU_BFC_AT_IMPORT
 
 
 def measure_peak_memory(fn: Callable[..., Any], *args: Any, device: str | None = None, warmup: int = 1,

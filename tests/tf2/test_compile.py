@@ -418,3 +418,122 @@ def test_cli_compile_table(capsys):
     assert "checkpoint_all" in out and "meas. peak" in out and "plain step" in out
     # the CLI uses compile's default, "auto": the MLP's graph is small, so it has gradient nodes
     assert "accounting: gradient nodes" in out
+
+
+# ------------------------------------------------------------------------------------------ byte budgets
+def _byte_budget_case():
+    """A small MLP lowered as compile lowers it, and a byte budget at its checkpoint-all peak: the plan
+    for the whole budget recomputes nothing, a plan with the allocator headroom must recompute."""
+    model, loss, xs, ys = mlp_model(batch=64, width=32, depth=6)
+    lowered = checkmate.tf2.lower(model, loss, xs, ys, level="layer", gradient_nodes=True)
+    return model, loss, lowered, int(checkpoint_all_peak(lowered.graph))
+
+
+def _compile_bytes(model, loss, lowered, budget):
+    return compile_module.compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.1), budget=budget,
+                                          time_limit_s=10, schedule_cache=False)
+
+
+def test_a_byte_budget_is_planned_whole_when_the_measured_step_fits(monkeypatch):
+    """Where the step can be measured, the plan for the whole budget is run and kept when its measured
+    peak fits: no allocator headroom is taken from the plan, and the summary says so."""
+    model, loss, lowered, budget = _byte_budget_case()
+    seen = []
+    monkeypatch.setattr(compile_module, "_measurable", lambda lowered, device: "CPU:0")
+    monkeypatch.setattr(compile_module, "_measured_step_peak",
+                        lambda step, device: seen.append(step) or step.predicted.step_peak_bytes)
+    step = _compile_bytes(model, loss, lowered, budget)
+    resident = compile_module.resident_bytes(lowered)
+    assert len(seen) == 1 and seen[0] is step
+    assert step.predicted.planned_budget_bytes == step.predicted.budget_bytes == budget
+    assert step.predicted.peak_memory_bytes == budget
+    assert step.predicted.peak_memory_bytes > compile_module.planning_budget(budget, budget, resident)
+    assert step.predicted.recompute_count == 0
+    assert step.verified_step_peak_bytes == step.predicted.step_peak_bytes
+    assert "the step measured" in step.summary() and "leaving room" not in step.summary()
+
+
+def test_a_byte_budget_plans_again_for_what_the_measured_step_missed(monkeypatch):
+    """A plan whose measured step exceeds the budget is replaced by a plan with the larger of the
+    allocator headroom and the share the measurement exceeded the prediction by, itself measured;
+    when that one fits with room to spare, one more plan halfway back to the budget is tried and the
+    cheaper of the two that fit is kept; when no plan fits after VERIFY_ROUNDS the last is kept. A
+    step that cannot be measured gets the headroom plan without a run."""
+    model, loss, lowered, budget = _byte_budget_case()
+    resident = compile_module.resident_bytes(lowered)
+    room = budget - resident
+    headroom_plan = compile_module.planning_budget(budget, budget, resident)
+    monkeypatch.setattr(compile_module, "_measurable", lambda lowered, device: "CPU:0")
+    for miss in (1.02, 1.10):
+        runs = []
+
+        def first_misses(step, device, miss=miss, runs=runs):
+            runs.append(step)
+            return int(step.predicted.step_peak_bytes * (miss if len(runs) == 1 else 1.0))
+
+        monkeypatch.setattr(compile_module, "_measured_step_peak", first_misses)
+        step = _compile_bytes(model, loss, lowered, budget)
+        expected = min(headroom_plan, resident + int(room / miss))
+        assert 2 <= len(runs) <= 3
+        assert abs(runs[1].predicted.planned_budget_bytes - expected) <= 1, (miss, runs[1].predicted)
+        assert runs[1].predicted.recompute_count > 0
+        if len(runs) == 3:      # halfway back to the plan that measured above the budget
+            assert runs[2].predicted.planned_budget_bytes == runs[1].predicted.planned_budget_bytes + \
+                (budget - runs[1].predicted.planned_budget_bytes) // 2
+        assert step is min(runs[1:], key=lambda s: s.predicted.compute_cost)
+        assert step.predicted.peak_memory_bytes <= step.predicted.planned_budget_bytes < budget
+        assert step.verified_step_peak_bytes == step.predicted.step_peak_bytes
+    assert expected < headroom_plan        # at 10% the measurement, not the headroom, decided
+    runs = []
+    monkeypatch.setattr(compile_module, "_measured_step_peak",
+                        lambda step, device: runs.append(step) or room + 4096)
+    step = _compile_bytes(model, loss, lowered, budget)
+    assert len(runs) == compile_module.VERIFY_ROUNDS
+    planned = [s.predicted.planned_budget_bytes for s in runs]
+    assert planned == sorted(planned, reverse=True) and len(set(planned)) == len(planned)
+    # none fits: the one that measured least is kept (here all measured alike: the cheapest)
+    assert step is min(runs, key=lambda s: (s.verified_step_peak_bytes, s.predicted.compute_cost))
+    assert "the step measured" in step.summary()
+    # a fixed schedule whose step measures above the budget and that the headroom plan's budget
+    # cannot hold: the budget is refused, as without the check
+    with pytest.raises(InfeasibleBudgetError) as info:
+        compile_module.compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.1), budget=budget,
+                                       strategy="checkpoint_all", schedule_cache=False)
+    assert info.value.min_feasible_budget_bytes > budget
+    measured = []
+    monkeypatch.setattr(compile_module, "_measurable", lambda lowered, device: None)
+    monkeypatch.setattr(compile_module, "_measured_step_peak", lambda step, device: measured.append(step) or 0)
+    step = _compile_bytes(model, loss, lowered, budget)
+    assert not measured and step.predicted.planned_budget_bytes == headroom_plan
+    assert step.predicted.peak_memory_bytes <= headroom_plan
+    assert step.verified_step_peak_bytes is None
+
+
+# How far later steps may measure above what the compile's check saw: the BFC allocator's chunks drift
+# with the allocation history (here: the other plans the check made and ran). On this MLP a plan
+# checked at 9.46 MB measured up to 10.50 MB afterwards against 10.03 MB available (+4.7%), and the
+# plan with the 5% allocator headroom alone, unchecked, 10.77 MB (+7.4%).
+LATER_STEP_DRIFT = 0.08
+
+
+@pytest.mark.slow   # a fresh process and up to VERIFY_ROUNDS solves and measured plans: 40-120 s
+def test_the_step_compiled_for_a_byte_budget_measures_within_it(request, monkeypatch):
+    """With the BFC allocator counting every allocation, compile's defaults plan for a byte budget
+    (60% of checkpoint-all's peak, so that the plan recomputes) and check the plan by running it: the
+    check's runs fit the budget above the parameters and batch, and later runs (the largest of four)
+    stay within LATER_STEP_DRIFT of it. (On this MLP the memory model under-states the measured peak of
+    recomputing plans by up to 27%.)"""
+    monkeypatch.setenv("TF_CPU_ALLOCATOR_USE_BFC", "true")
+    if ran_in_fresh_process(request):
+        return
+    model, loss, xs, ys = MODELS["mlp"]()
+    lowered = checkmate.tf2.lower(model, loss, xs, ys, level="layer", gradient_nodes=True)
+    budget = int(0.6 * checkpoint_all_peak(lowered.graph))
+    step = compile_module.compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.01), budget=budget,
+                                          time_limit_s=20, schedule_cache=False)
+    room = budget - step.predicted.resident_bytes
+    assert step.predicted.recompute_count > 0
+    assert step.verified_step_peak_bytes is not None and step.verified_step_peak_bytes <= room
+    x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
+    measured = measure_peak_memory(step.gradients, x, y, repeats=4, reduce="max")
+    assert measured <= (1 + LATER_STEP_DRIFT) * room, (measured, room, step.verified_step_peak_bytes)

@@ -122,7 +122,33 @@ def test_default_compile_matches_the_recompute_grad_schedule_at_its_budget():
     step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget=budget,
                                  cost_model="flops", time_limit_s=20)
     assert step.graph.names == g.names
-    assert step.predicted.peak_memory_bytes <= blocks.peak_memory_bytes
+    # the plan's budget is at least the schedule's peak: the headroom plan's exactly, or the whole
+    # budget where the step is checked by running it (a GPU, the CPU's BFC allocator)
+    assert blocks.peak_memory_bytes <= step.predicted.planned_budget_bytes <= budget
+    assert step.predicted.peak_memory_bytes <= step.predicted.planned_budget_bytes
+    assert step.predicted.compute_cost <= blocks.compute_cost * (1 + 1e-9)
+
+
+def test_a_byte_budget_at_the_recompute_grad_schedules_peak_finds_it_when_its_step_fits(monkeypatch):
+    """At exactly the peak of tf.recompute_grad's schedule (no headroom added to the budget), when the
+    step planned for the whole budget measures within it, compile's defaults find that schedule or a
+    cheaper one; with the 5% allocator headroom alone it would not fit the plan's budget."""
+    from checkmate.tf2 import step as step_module
+
+    model, loss, xs, ys = residual_stream_mlp()
+    lowered = lower(model, loss, xs, ys, level="layer", gradient_nodes=True)
+    g = lowered.graph
+    junctions = [i for i in g.forward_nodes if not g.nodes[i].name.startswith(("stem", "b", "logits", "loss"))]
+    blocks = simulate(g, segment_schedule(g, junctions))
+    budget = int(blocks.peak_memory_bytes)
+    resident = resident_bytes(lowered)
+    assert step_module.planning_budget(budget, budget, resident) < budget
+    monkeypatch.setattr(step_module, "_measurable", lambda lowered, device: "CPU:0")
+    monkeypatch.setattr(step_module, "_measured_step_peak", lambda step, device: step.predicted.step_peak_bytes)
+    step = step_module.compile_lowered(lowered, model, loss, keras.optimizers.SGD(0.01), budget=budget,
+                                       time_limit_s=20, schedule_cache=False)
+    assert step.predicted.planned_budget_bytes == budget
+    assert step.predicted.peak_memory_bytes <= budget
     assert step.predicted.compute_cost <= blocks.compute_cost * (1 + 1e-9)
 
 
