@@ -418,6 +418,11 @@ VERIFY_PEAK_REPEATS = 3
 # step missed by, and once halfway back up after a plan that fits with room to spare): each is a
 # solve, within the compile's time limit each. Measured: experiments/results/README.md, section i.
 VERIFY_ROUNDS = 4
+# The plans after the first share this fraction of one solve's time limit (compile's, or
+# COMPILE_TIME_LIMIT_S) between them, each given at least VERIFY_MIN_SOLVE_S: checking a byte budget
+# adds at most about half a solve to the compile, and the first plan keeps the whole limit.
+VERIFY_EXTRA_SOLVE_SHARE = 0.5
+VERIFY_MIN_SOLVE_S = 5.0
 # compile()'s solve time when none is given: with lowering and code generation, compiling stays
 # under five minutes; auto returns its best schedule so far and says how far from optimal it may be.
 COMPILE_TIME_LIMIT_S = 150.0
@@ -536,12 +541,24 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     _log.info("budget %s", reference)
     measure_on = _measurable(lowered, device) if verify_peak and plan is None and planned != budget_bytes else None
 
+    # the plans after the first share VERIFY_EXTRA_SOLVE_SHARE of one solve's limit between them, so
+    # that checking a byte budget adds a bounded time to the compile
+    one_limit_s = COMPILE_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
+    extra_deadline = [None]
+
     def solve_for(target: int, note: str) -> SolveResult:
         _log.info("solving %s (%d nodes) with %s for %s%s", lowered.graph.name, lowered.graph.n, strategy,
                   format_bytes(target), note)
         started = time.perf_counter()
+        limit_s = time_limit_s
+        if extra_deadline[0] is None:
+            extra_deadline[0] = math.inf           # the first plan gets the whole limit
+        else:
+            if extra_deadline[0] == math.inf:
+                extra_deadline[0] = started + VERIFY_EXTRA_SOLVE_SHARE * one_limit_s
+            limit_s = max(VERIFY_MIN_SOLVE_S, min(one_limit_s, extra_deadline[0] - started))
         try:
-            result = solve_or_reuse(lowered.graph, target, strategy=strategy, solver=solver, time_limit_s=time_limit_s,
+            result = solve_or_reuse(lowered.graph, target, strategy=strategy, solver=solver, time_limit_s=limit_s,
                                     plan=plan, schedule_cache=schedule_cache, **solve_options)
         except InfeasibleBudgetError as exc:
             minimum = exc.min_feasible_budget_bytes
@@ -586,6 +603,9 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     fitted: CompiledStep | None = None
     checked: list[CompiledStep] = []     # every plan made, with its measured peak
     for attempt in range(VERIFY_ROUNDS):
+        if attempt and extra_deadline[0] is not None and time.perf_counter() >= extra_deadline[0]:
+            _log.info("no time left to check another plan")
+            break
         try:
             candidate = build(solve_for(target, "" if attempt else " (the whole budget, then checked by running "
                                                                  "the step)"), target)

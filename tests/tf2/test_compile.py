@@ -509,6 +509,34 @@ def test_a_byte_budget_plans_again_for_what_the_measured_step_missed(monkeypatch
     assert step.verified_step_peak_bytes is None
 
 
+def test_checking_a_byte_budget_adds_at_most_half_a_solve(monkeypatch):
+    """The plans made after the first share VERIFY_EXTRA_SOLVE_SHARE of one solve's time limit: the
+    first plan gets the whole limit, each later one what is left of that share (at least
+    VERIFY_MIN_SOLVE_S), and no plan is started once the share is spent."""
+    model, loss, lowered, budget = _byte_budget_case()
+    room = budget - compile_module.resident_bytes(lowered)
+    monkeypatch.setattr(compile_module, "_measurable", lambda lowered, device: "CPU:0")
+    monkeypatch.setattr(compile_module, "_measured_step_peak", lambda step, device: room + 4096)
+    real_solve = compile_module.solve_or_reuse
+    limits = []
+    clock = [1000.0]
+
+    def slow_solve(graph, target, *, time_limit_s, **kwargs):
+        limits.append(time_limit_s)
+        clock[0] += 0.3 * 10       # every solve takes 30% of compile's 10 s limit
+        return real_solve(graph, target, time_limit_s=time_limit_s, **kwargs)
+
+    monkeypatch.setattr(compile_module, "solve_or_reuse", slow_solve)
+    monkeypatch.setattr(compile_module.time, "perf_counter", lambda: clock[0])
+    _compile_bytes(model, loss, lowered, budget)
+    share_s = compile_module.VERIFY_EXTRA_SOLVE_SHARE * 10
+    assert limits[0] == 10
+    # the second plan starts after the first took 3 s: it gets the whole share (5 s); the third
+    # starts 3 s later with 2 s of the share left (at least VERIFY_MIN_SOLVE_S); none starts after
+    assert limits[1:] == [min(10, share_s), max(compile_module.VERIFY_MIN_SOLVE_S, share_s - 3.0)][:len(limits) - 1]
+    assert len(limits) <= 3 < compile_module.VERIFY_ROUNDS + 1
+
+
 # How far later steps may measure above what the compile's check saw: the BFC allocator's chunks drift
 # with the allocation history (here: the other plans the check made and ran). On this MLP a plan
 # checked at 9.46 MB measured up to 10.50 MB afterwards against 10.03 MB available (+4.7%), and the
