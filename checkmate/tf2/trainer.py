@@ -512,6 +512,32 @@ class StepTrainer(keras.Model):
         finally:
             self._show_status = False
 
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
+        """``keras.Model.evaluate`` with this model's compiled loss and metrics; a KerasHub task's
+        data goes through the task's preprocessing first, as its own ``evaluate`` does (``fit``'s
+        validation data was prepared by ``fit``)."""
+        pipeline = _compat.keras_hub_pipeline(self.inner)
+        if pipeline is not None and not kwargs.get("_use_cached_eval_dataset", False):
+            x = pipeline._build_dataset(x, y, sample_weight, batch_size, self.inner.preprocess_samples)
+            declare = getattr(pipeline, "_declare_steps", None)
+            if declare is not None:
+                x, steps, _ = declare(x, kwargs.get("steps"))
+                if steps is not None:
+                    kwargs["steps"] = steps
+            y = sample_weight = batch_size = None
+        return super().evaluate(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+
+    def predict(self, x=None, batch_size=None, **kwargs):
+        """The wrapped model's own ``predict`` (inference runs the model unchanged; a KerasHub task
+        preprocesses its inputs there)."""
+        return self.inner.predict(x, batch_size=batch_size, **kwargs)
+
+    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        """``keras.Model.train_on_batch``; a KerasHub task's batch goes through its preprocessing first."""
+        if _compat.keras_hub_pipeline(self.inner) is not None:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(self.inner.preprocess_samples(x, y, sample_weight))
+        return super().train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
+
     def make_train_function(self, force: bool = False):
         """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,
         compiles a step for a replica batch size no compiled step serves (the first batch's, a

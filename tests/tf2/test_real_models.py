@@ -276,8 +276,25 @@ def test_keras_hub_task_with_a_preprocessor_trains_on_raw_text_as_its_own_fit():
 
     with _compat.grappler_disabled():
         want, want_val = fit(plain)
-    got, got_val = fit(checkmate.tf2.RematModel(other, budget="50%", compile_options={"time_limit_s": 10}))
+    remat = checkmate.tf2.RematModel(other, budget="50%", compile_options={"time_limit_s": 10})
+    got, got_val = fit(remat)
     assert len(got) == len(want) == 2
     np.testing.assert_allclose(got, want, rtol=1e-5)
     np.testing.assert_allclose(got_val, want_val, rtol=1e-5)
     np.testing.assert_allclose(other.get_weights()[0], plain.get_weights()[0], rtol=1e-5, atol=1e-7)
+    # a batch of raw text through train_on_batch, as the task's own
+    batch = tf.constant(texts[:BATCH])
+    np.testing.assert_allclose(remat.train_on_batch(batch), plain.train_on_batch(batch), rtol=1e-5)
+
+
+def test_keras_hub_task_evaluates_and_predicts_raw_text_as_its_own_evaluate_and_predict():
+    model = gpt2_with_preprocessor()
+    trainer = checkmate.tf2.RematModel(model, budget="50%")
+    trainer.compile()       # the task's own compile() arguments
+    texts = np.array(["a b c ab", "c c a", "ab ab b a c", "b"])
+    np.testing.assert_allclose(trainer.evaluate(texts, batch_size=2, verbose=0),
+                               model.evaluate(texts, batch_size=2, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(trainer.predict(texts, batch_size=2, verbose=0),
+                               model.predict(texts, batch_size=2, verbose=0), rtol=1e-6)
+    # no step was compiled for inference
+    assert trainer.compiled_steps == {}
