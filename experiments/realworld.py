@@ -233,6 +233,9 @@ def _activation_overhead(lowered, share: str, time_limit_s: float) -> str:
         minimum = exc.min_feasible_budget_bytes
         return ("infeasible" + (f" (min{describe_fraction(minimum, lowered.graph, share)[1:]})"
                                 if minimum is not None else ""))
+    except checkmate.errors.TimeLimitError:
+        # a share near the smallest feasible one, where no strategy had a schedule within the limit
+        return f"none within {time_limit_s:g} s"
     return f"{r.compute_cost / lowered.graph.total_cost:.3f}x"
 
 
