@@ -81,18 +81,21 @@ def llama():
     return hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
 
-def bert():
+def _text_classifier(family: str, **extra):
+    """A KerasHub ``<family>TextClassifier`` on a small random-init ``<family>Backbone`` (2 layers)."""
     hub = _hub()
-    backbone = hub.models.BertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
-                                       intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
-    return hub.models.BertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    backbone = getattr(hub.models, f"{family}Backbone")(
+        vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN, intermediate_dim=4 * HIDDEN,
+        max_sequence_length=SEQUENCE, **extra)
+    return getattr(hub.models, f"{family}TextClassifier")(backbone=backbone, num_classes=4, preprocessor=None)
+
+
+def bert():
+    return _text_classifier("Bert")
 
 
 def distilbert():
-    hub = _hub()
-    backbone = hub.models.DistilBertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
-                                             intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
-    return hub.models.DistilBertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    return _text_classifier("DistilBert")
 
 
 def vit():
@@ -103,17 +106,11 @@ def vit():
 
 
 def roberta():
-    hub = _hub()
-    backbone = hub.models.RobertaBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
-                                          intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
-    return hub.models.RobertaTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    return _text_classifier("Roberta")
 
 
 def albert():
-    hub = _hub()
-    backbone = hub.models.AlbertBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, embedding_dim=128,
-                                         hidden_dim=HIDDEN, intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
-    return hub.models.AlbertTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+    return _text_classifier("Albert", embedding_dim=128)
 
 
 def opt():
