@@ -6,6 +6,7 @@ Each entry says which version it was written against. Append new entries; keep t
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Callable, Iterator
 
 import tensorflow as tf
@@ -146,3 +147,19 @@ def update_output_losses(model: object, y, y_pred, sample_weight=None) -> None:
     ``Trainer._compile_loss``, a ``CompileLoss``, builds them on its first call and updates them; its
     total is not needed)."""
     model._compile_loss(y, y_pred, sample_weight)
+
+
+def keras_hub_pipeline(model: object):
+    """The module of KerasHub's ``PipelineModel`` (the base of its tasks, whose ``fit`` batches array
+    inputs with ``tf.data`` or grain and maps the task's ``preprocess_samples`` over them) when
+    ``model`` is one, else ``None``. KerasHub 0.32: ``keras_hub.src.utils.pipeline_model`` (private),
+    whose module-level ``_build_dataset``, ``_apply_preprocessing`` and ``_train_validation_split``
+    prepare ``fit``'s data; found through the model's class, so KerasHub is never imported here."""
+    for cls in type(model).__mro__:
+        if cls.__name__ == "PipelineModel" and cls.__module__.startswith("keras_hub"):
+            module = sys.modules.get(cls.__module__)
+            needed = ("_build_dataset", "_apply_preprocessing", "_train_validation_split", "_is_tf_dataset")
+            if module is not None and all(hasattr(module, name) for name in needed):
+                return module
+            return None
+    return None

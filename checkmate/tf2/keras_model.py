@@ -170,6 +170,8 @@ class RematModel(StepTrainer):
     Inference (``predict``, ``__call__``, ``evaluate``, ``export``) runs the model unchanged.
 
     - Sample weights and ``class_weight`` are honoured (an input of the compiled step).
+    - A KerasHub task's ``fit`` data is prepared as the task's own ``fit`` prepares it: batched by the
+      task's pipeline, its ``preprocessor`` (if any) mapped over every training and validation batch.
     - A smaller batch (the last one of an epoch) is trained exactly as Keras trains it.
       ``partial_batches="auto"`` (default): if the model has a layer whose training forward pass
       reads the whole batch's statistics (:data:`BATCH_STATISTICS_LAYERS`: BatchNormalization), its

@@ -161,6 +161,58 @@ def _check_input_keys(model: Any, x: Any) -> None:
                                    f"{sorted(expected)}")
 
 
+# keras.Model.fit's arguments after ``verbose``, in order: fit() names positional ones by them.
+FIT_ARGUMENTS = ("callbacks", "validation_split", "validation_data", "shuffle", "class_weight", "sample_weight",
+                 "initial_epoch", "steps_per_epoch", "validation_steps", "validation_batch_size", "validation_freq")
+
+
+def _task_fit_inputs(model: Any, x: Any, y: Any, batch_size: Any, epochs: int, kwargs: dict) -> tuple:
+    """``fit``'s data as the wrapped model's own ``fit`` hands it to Keras: a KerasHub task batches
+    array inputs itself and maps its preprocessing (its ``preprocessor``: tokenizing, packing, the
+    labels and padding-mask weights of a language model) over every batch, training and validation;
+    ``keras.Model.fit`` of the wrapper would train on the raw inputs, and slice arrays with another
+    pipeline. Any other model's arguments are returned unchanged."""
+    pipeline = _compat.keras_hub_pipeline(model)
+    if pipeline is None:
+        return x, y, batch_size, kwargs
+    kwargs = dict(kwargs)
+    sample_weight = kwargs.pop("sample_weight", None)
+    validation_data = kwargs.get("validation_data")
+    split = kwargs.pop("validation_split", None)
+    if split and validation_data is None:
+        (x, y, sample_weight), validation_data = pipeline._train_validation_split(
+            (x, y, sample_weight), validation_split=split)
+    preprocess = model.preprocess_samples
+    x = pipeline._build_dataset(x, y, sample_weight, batch_size, preprocess)
+    is_grain = getattr(pipeline, "_is_grain_dataset", lambda d: False)
+    if validation_data is not None:
+        if pipeline._is_tf_dataset(validation_data) or is_grain(validation_data):
+            validation_data = pipeline._apply_preprocessing(validation_data, preprocess)
+        else:
+            vx, vy, vw = keras.utils.unpack_x_y_sample_weight(validation_data)
+            validation_data = pipeline._build_dataset(vx, vy, vw, batch_size, preprocess)
+        kwargs["validation_data"] = validation_data
+    class_weight = kwargs.get("class_weight")
+    if class_weight is not None and is_grain(x) and hasattr(pipeline, "_apply_class_weight"):
+        # Keras' grain adapter refuses class_weight: it is folded into the samples' weights, as the task's fit does
+        import functools
+
+        x = x.map(functools.partial(pipeline._apply_class_weight, class_weight))
+        kwargs.pop("class_weight")
+    declare = getattr(pipeline, "_declare_steps", None)
+    if declare is not None:
+        # a grain dataset's length told to Keras up front (one iterator across the epochs)
+        x, steps, _ = declare(x, kwargs.get("steps_per_epoch"), epochs)
+        if steps is not None:
+            kwargs["steps_per_epoch"] = steps
+        if kwargs.get("validation_data") is not None:
+            kwargs["validation_data"], steps, _ = declare(kwargs["validation_data"], kwargs.get("validation_steps"),
+                                                          epochs)
+            if steps is not None:
+                kwargs["validation_steps"] = steps
+    return x, None, None, kwargs
+
+
 class StepTimeReport(keras.callbacks.Callback):
     """After the first epoch of ``fit`` that trains a step not yet measured, measure it against the plain one
     (:meth:`~checkmate.tf2.step.CompiledStep.measure_time`) and report the measured step-time ratio
@@ -445,16 +497,46 @@ class StepTrainer(keras.Model):
         """``keras.Model.fit``; the first batch compiles the step (per replica under a strategy). With
         ``verbose`` other than 0 (Keras' default is 1), compiling a step shows one status line
         (:class:`CompileStatus`). An uncompiled ``RematModel`` of a compiled model trains with that
-        model's ``compile()`` arguments."""
+        model's ``compile()`` arguments. A KerasHub task's data goes through the task's own
+        preprocessing, as its ``fit`` does (raw text, labels and padding-mask weights from its
+        ``preprocessor``)."""
         if not self.compiled and losses.compile_arguments_of(self.inner) is not None:
             self.compile()      # the wrapped model's own compile() arguments
+        kwargs.update(zip(FIT_ARGUMENTS, args))
+        x, y, batch_size, kwargs = _task_fit_inputs(self.inner, x, y, batch_size, epochs, kwargs)
         # the measured step time beside the predicted overhead, after the first epoch
         kwargs["callbacks"] = [*(kwargs.get("callbacks") or []), StepTimeReport(self)]
         self._show_status = verbose != 0
         try:
-            return super().fit(x, y, batch_size, epochs, verbose, *args, **kwargs)
+            return super().fit(x, y, batch_size, epochs, verbose, **kwargs)
         finally:
             self._show_status = False
+
+    def evaluate(self, x=None, y=None, batch_size=None, sample_weight=None, **kwargs):
+        """``keras.Model.evaluate`` with this model's compiled loss and metrics; a KerasHub task's
+        data goes through the task's preprocessing first, as its own ``evaluate`` does (``fit``'s
+        validation data was prepared by ``fit``)."""
+        pipeline = _compat.keras_hub_pipeline(self.inner)
+        if pipeline is not None and not kwargs.get("_use_cached_eval_dataset", False):
+            x = pipeline._build_dataset(x, y, sample_weight, batch_size, self.inner.preprocess_samples)
+            declare = getattr(pipeline, "_declare_steps", None)
+            if declare is not None:
+                x, steps, _ = declare(x, kwargs.get("steps"))
+                if steps is not None:
+                    kwargs["steps"] = steps
+            y = sample_weight = batch_size = None
+        return super().evaluate(x=x, y=y, batch_size=batch_size, sample_weight=sample_weight, **kwargs)
+
+    def predict(self, x=None, batch_size=None, **kwargs):
+        """The wrapped model's own ``predict`` (inference runs the model unchanged; a KerasHub task
+        preprocesses its inputs there)."""
+        return self.inner.predict(x, batch_size=batch_size, **kwargs)
+
+    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        """``keras.Model.train_on_batch``; a KerasHub task's batch goes through its preprocessing first."""
+        if _compat.keras_hub_pipeline(self.inner) is not None:
+            x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(self.inner.preprocess_samples(x, y, sample_weight))
+        return super().train_on_batch(x, y, sample_weight=sample_weight, **kwargs)
 
     def make_train_function(self, force: bool = False):
         """The train function ``fit`` calls with its data iterator: it takes each batch eagerly,

@@ -715,3 +715,25 @@ def test_vgg16_gradient_nodes_rematerialization_lowers_the_peak(batch, size):
     assert greedy.peak_memory_bytes == smallest
     if size == 128:  # activation-dominated: a sizeable saving
         assert smallest < 0.95 * all_peak  # 0.93 measured
+
+
+@pytest.mark.parametrize("build", [lambda: small_cnn(bn=True, dropout=True), _bn_dropout_mlp])
+def test_gradient_node_split_searches_only_between_the_groups_first_and_last_op(build, monkeypatch):
+    """The split of a backward layer into its parts asks which of the layer's ops reach its gradient
+    ops (and are reached from them); searching only the ops between the layer's first and last gives
+    the same parts as searching the whole graph."""
+    from checkmate.tf2.lowering import grouping
+
+    model = build()
+    shape = tuple(model.input.shape[1:])
+    restricted = lower(model, XENT, *specs(shape), level="layer", gradient_nodes=True)
+    whole = grouping._reachable
+
+    def unrestricted(*args, within=None, **kwargs):
+        return whole(*args, **kwargs)
+
+    monkeypatch.setattr(grouping, "_reachable", unrestricted)
+    full = lower(model, XENT, *specs(shape), level="layer", gradient_nodes=True)
+    assert restricted.graph.names == full.graph.names
+    assert restricted.node_ops == full.node_ops
+    assert any(name.endswith(":params") for name in restricted.graph.names)

@@ -247,3 +247,69 @@ def test_node_cost_is_its_time_alone_plus_its_ops_share_of_the_step(tmp_path):
     assert other.hits == lg.graph.n - 1 and other.misses == 0
     for k, ops in enumerate(lg.node_ops[:-1]):
         assert other.costs[k] == pytest.approx(alone(keys[k]) + other.launch_us_per_op * len(ops), rel=1e-12)
+
+
+def test_node_programs_share_one_index_and_copy_the_library_only_for_function_calls():
+    """Programs built with one index of the step's nodes equal those built with an index each (which
+    made a 2621-node step's programs take minutes); a node's program carries the function library
+    only when one of its ops calls a library function."""
+    lg = lower(bn_dropout_model(), XENT, *specs(), level="layer", cost_model="flops")
+    graph = lg.function.graph
+    gdef = graph.as_graph_def()
+    index = {nd.name: nd for nd in gdef.node}
+    for ops in lg.node_ops:
+        shared = profiling._node_program(graph, gdef, list(ops), index)
+        own = profiling._node_program(graph, gdef, list(ops))
+        assert shared.key == own.key
+        assert shared.graph_def.SerializeToString(deterministic=True) == own.graph_def.SerializeToString(
+            deterministic=True)
+
+    inner = tf.function(lambda a: tf.sin(a) * 2.0)
+
+    @tf.function
+    def outer(a):
+        return inner(tf.cos(a)) + 1.0
+
+    fgraph = outer.get_concrete_function(tf.TensorSpec((3,))).graph
+    fdef = fgraph.as_graph_def()
+    assert len(fdef.library.function) >= 1
+    calls = [op.name for op in fgraph.get_operations() if op.type in ("PartitionedCall", "StatefulPartitionedCall")]
+    cosine = [op.name for op in fgraph.get_operations() if op.type == "Cos"]
+    assert len(calls) == 1 and len(cosine) == 1
+    assert len(profiling._node_program(fgraph, fdef, calls).graph_def.library.function) == len(fdef.library.function)
+    assert len(profiling._node_program(fgraph, fdef, cosine).graph_def.library.function) == 0
+    # the program of the call runs: its library came with it
+    program = profiling._node_program(fgraph, fdef, calls)
+    value = tf.constant([0.5, 1.0, 2.0])
+    fn = profiling._compile(program.graph_def, program.feeds, program.fetches, [tf.cos(value)])
+    np.testing.assert_allclose(fn(tf.cos(value))[0], np.sin(np.cos(value)) * 2.0, rtol=1e-6)
+
+
+def test_recorded_inputs_run_without_grappler_and_leave_its_options_as_they_were(monkeypatch):
+    """The one run that records every node's inputs runs with the meta optimizer off (it only reads
+    values); the values are the step's, and the user's Grappler options are restored afterwards."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(4)])
+    lg = lower(model, XENT, tf.TensorSpec((8, 8)), tf.TensorSpec((8,), tf.int32), level="op", cost_model="flops")
+    graph = lg.function.graph
+    gdef = graph.as_graph_def()
+    programs = [profiling._node_program(graph, gdef, list(ops)) for ops in lg.node_ops]
+    before = tf.config.optimizer.get_experimental_options()
+    set_options = tf.config.optimizer.set_experimental_options
+    seen: list = []
+    monkeypatch.setattr(tf.config.optimizer, "set_experimental_options",
+                        lambda options: (seen.append(dict(options)), set_options(options))[1])
+    values = profiling._record_inputs(lg.function, gdef, programs, list(range(len(programs))), lg.input_names,
+                                      lg.label_names, None, 0)
+    assert tf.config.optimizer.get_experimental_options() == before
+    assert seen[0] == {"disable_meta_optimizer": True}
+    # the recorded loss input of the last forward node equals what the plain step computes
+    batch = profiling._batch_values(lg.function, lg.input_names, lg.label_names, 0)
+    loss = float(lg.function(*[tf.convert_to_tensor(v) for v in tf.nest.flatten(batch)])[0])
+    assert np.isfinite(loss)
+    hidden = [name for name in values if "MatMul" in name or "Relu" in name]
+    assert hidden
+    x = tf.convert_to_tensor(tf.nest.flatten(batch)[0])
+    relu = model.layers[0](x)
+    recorded = [np.asarray(values[name]) for name in hidden if np.asarray(values[name]).shape == tuple(relu.shape)]
+    assert any(np.allclose(v, relu.numpy(), rtol=1e-5, atol=1e-6) for v in recorded)

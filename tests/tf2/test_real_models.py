@@ -222,3 +222,79 @@ def test_infeasible_activation_budget_names_the_minimum_in_bytes_and_activations
     assert minimum >= checkpoint_all_peak(lowered.graph) == floor + activations
     assert f"({minimum} bytes), or 100.0% of the activations" in str(info.value)
     assert "1.0% of the activations" in str(info.value)
+
+
+def gpt2_with_preprocessor():
+    """A GPT-2 causal LM with its own preprocessor (a byte-pair tokenizer of nine tokens, no download):
+    its fit takes raw text, and the preprocessor makes the token ids, next-token labels and a
+    per-token padding-mask weight of every batch."""
+    vocabulary = {"<|endoftext|>": 0, "a": 1, "b": 2, "c": 3, "Ġ": 4, "Ġa": 5, "Ġb": 6, "Ġc": 7, "ab": 8}
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=["Ġ a", "Ġ b", "Ġ c", "a b"])
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer=tokenizer, sequence_length=12)
+    backbone = keras_hub.models.GPT2Backbone(vocabulary_size=len(vocabulary), num_layers=1, num_heads=2,
+                                             hidden_dim=16, intermediate_dim=32, max_sequence_length=12)
+    return keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor)
+
+
+def test_keras_hub_task_fit_data_is_preprocessed_as_its_own_fit_does():
+    from checkmate.tf2.trainer import _task_fit_inputs
+
+    model = gpt2_with_preprocessor()
+    texts = np.array(["a b c ab", "c c a", "ab ab b a c"])
+    x, y, batch_size, kwargs = _task_fit_inputs(model, texts, None, 2, 1, {"validation_data": texts[:2]})
+    assert y is None and batch_size is None
+    (inputs, labels, weights), = list(x.take(1))
+    want_inputs, want_labels, want_weights = model.preprocessor(tf.constant(texts[:2]))
+    np.testing.assert_array_equal(inputs["token_ids"], want_inputs["token_ids"])
+    np.testing.assert_array_equal(labels, want_labels)
+    # a per-token weight: the padding mask of the next-token labels
+    assert weights.shape == (2, 12)
+    np.testing.assert_array_equal(weights, want_weights)
+    assert [b[0]["token_ids"].shape[0] for b in kwargs["validation_data"]] == [2]
+    # any other model's data is Keras' own
+    plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    assert _task_fit_inputs(plain, texts, texts, 2, 1, {}) == (texts, texts, 2, {})
+
+
+@pytest.mark.slow
+def test_keras_hub_task_with_a_preprocessor_trains_on_raw_text_as_its_own_fit():
+    keras.utils.set_random_seed(0)
+    plain = gpt2_with_preprocessor()
+    keras.utils.set_random_seed(0)
+    other = gpt2_with_preprocessor()
+    other.set_weights(plain.get_weights())
+    # texts of different lengths: the padding mask weighs each batch's tokens differently
+    texts = np.array(["a b c ab", "c c a", "ab ab b a c", "b", "a a a a a", "c b a", "ab c", "b b c a"] * 2)
+    val_texts = np.array(["a b", "c a b c", "ab", "b c"] * 2)
+
+    def fit(model):
+        seen: list = []
+        callback = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: seen.append(float(logs["loss"])))
+        history = model.fit(texts, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[callback],
+                            validation_data=val_texts)
+        return seen, history.history["val_loss"]
+
+    with _compat.grappler_disabled():
+        want, want_val = fit(plain)
+    remat = checkmate.tf2.RematModel(other, budget="50%", compile_options={"time_limit_s": 10})
+    got, got_val = fit(remat)
+    assert len(got) == len(want) == 2
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(got_val, want_val, rtol=1e-5)
+    np.testing.assert_allclose(other.get_weights()[0], plain.get_weights()[0], rtol=1e-5, atol=1e-7)
+    # a batch of raw text through train_on_batch, as the task's own
+    batch = tf.constant(texts[:BATCH])
+    np.testing.assert_allclose(remat.train_on_batch(batch), plain.train_on_batch(batch), rtol=1e-5)
+
+
+def test_keras_hub_task_evaluates_and_predicts_raw_text_as_its_own_evaluate_and_predict():
+    model = gpt2_with_preprocessor()
+    trainer = checkmate.tf2.RematModel(model, budget="50%")
+    trainer.compile()       # the task's own compile() arguments
+    texts = np.array(["a b c ab", "c c a", "ab ab b a c", "b"])
+    np.testing.assert_allclose(trainer.evaluate(texts, batch_size=2, verbose=0),
+                               model.evaluate(texts, batch_size=2, verbose=0), rtol=1e-6)
+    np.testing.assert_allclose(trainer.predict(texts, batch_size=2, verbose=0),
+                               model.predict(texts, batch_size=2, verbose=0), rtol=1e-6)
+    # no step was compiled for inference
+    assert trainer.compiled_steps == {}
