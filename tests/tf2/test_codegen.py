@@ -612,3 +612,45 @@ def test_lowered_graph_missing_a_data_edge_is_rejected():
     broken = dataclasses.replace(lowered, graph=pruned)
     with pytest.raises(InvalidGraphError, match="no edge"):
         rewrite_graph_def(broken, checkpoint_all_schedule(pruned))
+
+
+def test_gradient_difference_is_relative_to_each_gradients_largest_entry():
+    from checkmate.tf2.codegen import gradient_difference
+
+    want = [np.array([1.0, -4.0]), np.zeros(3), np.array([[100.0]])]
+    got = [np.array([1.0, -3.6]), np.array([0.0, 1e-7, 0.0]), np.array([[101.0]])]
+    worst, where = gradient_difference(got, want)
+    assert where == 0 and worst == pytest.approx(0.1)
+    assert gradient_difference(want, want) == (0.0, 0)
+    with pytest.raises(Exception, match="shape"):
+        gradient_difference([np.zeros(2)], [np.zeros(3)])
+
+
+def test_compile_refuses_a_step_whose_gradients_differ_from_the_plain_steps(monkeypatch):
+    """A generated step that computes a gradient wrongly is refused at compile time with the
+    variable named, not trained with (TF's oneDNN kernels once computed NASNetMobile's gradients
+    wrongly in an anchored order); a correct one passes the same check."""
+    import checkmate.tf2.step as step_module
+    from checkmate.tf2.codegen import RematFunction
+
+    model, loss, xs, ys = residual_cnn_model(batch=4, size=16, filters=8, blocks=2)
+    lowered = lower(model, loss, xs, ys, level="layer")
+    budget = int(checkpoint_all_peak(lowered.graph) * 0.8)
+    optimizer = keras.optimizers.SGD(0.01)
+    good = step_module.compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy="checkmate_lp_rounding", time_limit_s=10,
+                                       verify_peak=False, schedule_cache=False)
+    assert good.predicted.recompute_count > 0 and good.function.rewritten.order != "none"
+
+    class Wrong(RematFunction):
+        def __call__(self, x, y):
+            loss_value, grads = super().__call__(x, y)
+            return loss_value, [grads[0] * 1.05] + list(grads[1:])
+
+    def wrong_generate(lowered_graph, schedule, order="auto"):
+        from checkmate.tf2.codegen import rewrite_graph_def
+        return Wrong(lowered_graph, schedule, rewrite_graph_def(lowered_graph, schedule, order))
+
+    monkeypatch.setattr(step_module, "generate", wrong_generate)
+    with pytest.raises(InvalidScheduleError, match=r"differs from the plain step.s by 5.00e-02"):
+        step_module.compile_lowered(lowered, model, loss, optimizer, budget=budget, strategy="checkmate_lp_rounding", time_limit_s=10,
+                                    verify_peak=False, schedule_cache=False)
