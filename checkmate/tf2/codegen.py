@@ -65,7 +65,7 @@ from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 
 __all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "copy_name",
-           "IMPORT_SCOPE", "GRADIENT_CHECK_TOLERANCE", "gradient_difference"]
+           "IMPORT_SCOPE"]
 
 # Name scope the rewritten graph is imported under; op names in the executed graph start with it.
 IMPORT_SCOPE = "checkmate_remat"
@@ -866,35 +866,6 @@ class RematFunction:
             if shape_only or any(present(n) for n in names) or any(fused_into(n) for n in names):
                 counts[i] += 1
         return counts
-
-
-# The largest difference between a gradient of the generated step and the plain step's gradient, relative
-# to the plain one's largest entry, that is rounding (the two graphs sum in different orders). NASNetMobile
-# (64x64, batch 8, 2621 layer nodes) on CPU: correct plans differ by at most 1.5e-5; an anchored order that
-# oneDNN's kernels computed wrongly differed by 6.8e-2 (TF_ENABLE_ONEDNN_OPTS=0: 1.2e-5).
-GRADIENT_CHECK_TOLERANCE = 1e-3
-
-
-def gradient_difference(got: Sequence[Any], want: Sequence[Any]) -> tuple[float, int]:
-    """``(difference, index)``: the largest over the gradients of ``max|got - want| / max|want|`` (the
-    absolute difference where ``want`` is all zeros), and the index of the gradient it is found in."""
-    if len(got) != len(want):
-        raise InvalidArgumentError(f"{len(got)} gradients against {len(want)}")
-    worst, where = 0.0, -1
-    for k, (a, b) in enumerate(zip(got, want)):
-        a = np.asarray(a, dtype=np.float64)
-        b = np.asarray(b, dtype=np.float64)
-        if a.shape != b.shape:
-            raise InvalidArgumentError(f"gradient {k} has shape {a.shape} against {b.shape}")
-        if not a.size:
-            continue
-        scale = float(np.abs(b).max())
-        diff = float(np.abs(a - b).max()) / (scale if scale > 0 else 1.0)
-        if not np.isfinite(diff):
-            diff = float("inf")
-        if diff > worst or where < 0:
-            worst, where = diff, k
-    return worst, where
 
 
 def generate(lowered: LoweredGraph, schedule: Schedule, order: str = "auto") -> RematFunction:

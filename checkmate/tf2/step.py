@@ -25,7 +25,7 @@ import numpy as np
 import tensorflow as tf
 
 from checkmate.budgets import activation_reference, describe_fraction, is_relative_budget
-from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, InvalidScheduleError, SolverError
+from checkmate.errors import InfeasibleBudgetError, InvalidArgumentError, SolverError
 from checkmate.logs import verbose_logging
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
@@ -507,49 +507,12 @@ def _measured_step_peak(step: "CompiledStep", device: str) -> int:
         _restore(state, before)
 
 
-def _check_gradients(step: CompiledStep) -> None:
-    """Run the generated step and the plain one once each on a random batch (state restored after
-    each) and refuse the step when a gradient differs by more than rounding
-    (:data:`checkmate.tf2.codegen.GRADIENT_CHECK_TOLERANCE`). TF's oneDNN CPU kernels computed some
-    gradients of NASNetMobile wrongly when its ops ran in an anchored order that its plain step never
-    takes, without any op reading a wrong tensor; no plan is trusted unchecked since. A step with no
-    anchor runs the plain step's graph and a step under a ``tf.distribute`` strategy runs per replica:
-    neither is checked here."""
-    from checkmate.tf2.codegen import GRADIENT_CHECK_TOLERANCE, gradient_difference
-    from checkmate.tf2.timing import _restore, _snapshot, _state_variables, random_batch
-
-    if step.distribution is not None or step.function.rewritten.order == "none":
-        return
-    x, y = random_batch(step.lowered, step.model, seed=1)
-    state = _state_variables(step.model)
-    before = _snapshot(state)
-    try:
-        _, got = step.gradients(x, y)
-        _restore(state, before)
-        _, want = step.plain_gradients(x, y)
-    finally:
-        _restore(state, before)
-    worst, where = gradient_difference(got, want)
-    if worst > GRADIENT_CHECK_TOLERANCE:
-        variables = step.variables
-        name = getattr(variables[where], "path", None) or getattr(variables[where], "name", str(where))
-        raise InvalidScheduleError(
-            f"the generated step's gradient of {name} differs from the plain step's by {worst:.2e} of its "
-            f"largest entry (rounding stays below {GRADIENT_CHECK_TOLERANCE:g}); the schedule "
-            f"({step.predicted.recompute_count} recomputations, order {step.function.rewritten.order}) is "
-            "refused. On a CPU build with oneDNN, TF_ENABLE_ONEDNN_OPTS=0 (set before TensorFlow starts) "
-            "ran such steps correctly; a larger budget recomputes less")
-
-
 def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, *, budget: Any = "auto",
                     strategy: str = "auto", solver: str | None = None, time_limit_s: float | None = None,
                     device: str | None = None, allocator_headroom: float = ALLOCATOR_HEADROOM_FRACTION,
                     verify_peak: bool = True, plan: Any = None, schedule_cache: Any = None,
                     **solve_options: Any) -> CompiledStep:
     """Solve and generate for an already lowered step (lets callers reuse one lowering).
-
-    The step returned has run once beside the plain step on a random batch: a step whose gradients
-    differ from the plain step's by more than rounding raises :class:`InvalidScheduleError`.
 
     ``plan`` (a plan file from ``checkmate compile --save-plan``) is trained with instead of solving,
     once it is checked to replay on this graph within the budget. Otherwise a solved schedule is
@@ -572,19 +535,6 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
     ``min_feasible_budget_bytes`` of an :class:`InfeasibleBudgetError` is in the user's terms:
     compiling with it succeeds.
     """
-    step = _compile_unchecked(lowered, model, loss, optimizer, budget=budget, strategy=strategy, solver=solver,
-                              time_limit_s=time_limit_s, device=device, allocator_headroom=allocator_headroom,
-                              verify_peak=verify_peak, plan=plan, schedule_cache=schedule_cache, **solve_options)
-    _check_gradients(step)
-    return step
-
-
-def _compile_unchecked(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, *, budget: Any = "auto",
-                       strategy: str = "auto", solver: str | None = None, time_limit_s: float | None = None,
-                       device: str | None = None, allocator_headroom: float = ALLOCATOR_HEADROOM_FRACTION,
-                       verify_peak: bool = True, plan: Any = None, schedule_cache: Any = None,
-                       **solve_options: Any) -> CompiledStep:
-    """:func:`compile_lowered` without the gradient check."""
     budget_bytes, reference = resolve_budget_reported(budget, lowered.graph, model, device)
     resident = resident_bytes(lowered)
     planned = planning_budget(budget, budget_bytes, resident, allocator_headroom)
