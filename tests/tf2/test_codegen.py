@@ -612,3 +612,59 @@ def test_lowered_graph_missing_a_data_edge_is_rejected():
     broken = dataclasses.replace(lowered, graph=pruned)
     with pytest.raises(InvalidGraphError, match="no edge"):
         rewrite_graph_def(broken, checkpoint_all_schedule(pruned))
+
+
+def nasnet_cell_model(batch=8, size=8, filters=16, cells=3, seed=0):
+    """NASNet-style cells (ReLU, separable convolution, BatchNorm twice per branch; branches added and
+    concatenated) down to 2x2 pixels, in float64."""
+    keras.utils.set_random_seed(seed)
+    layers = keras.layers
+    dtype = "float64"
+    inp = keras.Input((size, size, 3), name="image", dtype=dtype)
+    x = layers.Conv2D(filters, 3, strides=2, padding="same", name="stem", dtype=dtype)(inp)
+    x = layers.BatchNormalization(name="stem_bn", dtype=dtype)(x)
+    for c in range(cells):
+        branches = []
+        for b, kernel in enumerate((3, 5)):
+            y = x
+            for k in range(2):
+                y = layers.Activation("relu", name=f"cell{c}_b{b}_relu{k}", dtype=dtype)(y)
+                y = layers.SeparableConv2D(filters, kernel, padding="same", use_bias=False,
+                                           name=f"cell{c}_b{b}_sep{k}", dtype=dtype)(y)
+                y = layers.BatchNormalization(name=f"cell{c}_b{b}_bn{k}", dtype=dtype)(y)
+            branches.append(y)
+        added = layers.Add(name=f"cell{c}_add", dtype=dtype)(branches)
+        x = layers.Concatenate(name=f"cell{c}_concat", dtype=dtype)([added, x])
+        x = layers.Conv2D(filters, 1, strides=2 if c == 0 else 1, name=f"cell{c}_adjust", dtype=dtype)(x)
+    x = layers.Activation("relu", name="head_relu", dtype=dtype)(x)
+    x = layers.GlobalAveragePooling2D(name="pool", dtype=dtype)(x)
+    out = layers.Dense(10, name="logits", dtype=dtype)(x)
+    return (keras.Model(inp, out, name="nasnet_cells"), XENT, tf.TensorSpec((batch, size, size, 3), tf.float64),
+            tf.TensorSpec((batch,), tf.int32))
+
+
+@pytest.mark.parametrize("order", ["partial", "total"])
+def test_nasnet_style_cells_match_the_plain_step_in_float64(order):
+    """Separable convolutions, BatchNorm and ReLU at 2x2 pixels, as in NASNetMobile's last cells.
+
+    Compared in float64: in float32 the generated and the plain step (or the plain step with and
+    without oneDNN) round differently by ~1e-6, and a ReLU whose input is within that of zero takes
+    the other side; at 2x2 pixels and batch 8 a BatchNorm beta's gradient is a sum of 32 entries, so
+    one such entry moves it by several percent of its largest entry (NASNetMobile at 64x64: 6.8e-2,
+    the plain step alone with oneDNN on and off: 6.8e-2). In float64 the rounding is ~1e-15 and any
+    copy reading a wrong tensor still shows."""
+    model, loss, xs, ys = nasnet_cell_model()
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    result = solve(graph, int(checkpoint_all_peak(graph) * 0.7), strategy="auto", **SOLVE_OPTIONS)
+    assert result.schedule.recompute_count > 0, "the test needs a schedule that recomputes"
+    fn = generate(lowered, result.schedule, order=order)
+    x, y = batch_for(xs, ys, 10)
+    (got, want), _ = run_from_same_state(model, [fn, plain(lowered)], x, y)
+    assert_close_relative(got[0], want[0], rel=1e-12)
+    assert len(got[1]) == len(want[1]) == len(model.trainable_variables)
+    for g, w in zip(got[1], want[1]):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == np.float64
+        # the floor: a convolution bias before a BatchNorm has a gradient of zero, computed as ~1e-16
+        assert float(np.abs(g - w).max()) <= 1e-9 * max(float(np.abs(w).max()), 1e-6)
