@@ -46,7 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
-           "AUTO_DROP_START_MAX_NODES", "REPAIR_TIME_SHARE", "REPAIR_MAX_S", "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
+           "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S", "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -75,6 +75,11 @@ FLOOR_STRATEGIES = ("checkpoint_all", "chen_greedy", "chen_greedy_linearized", "
 # the main strategy. (On graphs of many thousand nodes a baseline's quadratic schedule alone can take
 # minutes; one that does not finish in its share is skipped.)
 FLOOR_TIME_SHARE = 0.4
+# On graphs beyond the flat MILP, the share of the time left (after checkpoint-all) that the
+# hierarchical strategy gets before the rest of the floor runs. It plans in about half of its limit
+# (its menus of longer groups stop there) and needs that much of one core to plan at all: on a
+# loaded machine the floor then runs in what it leaves. Measured: experiments/results/README.md, section i.
+PLAN_FIRST_TIME_SHARE = 0.7
 # When no baseline fits: the share of the time limit (from auto's start) by which the repair of the
 # schedules closest to the budget must be done. GPT-2, Llama, BERT and ViT graphs of ~150 nodes at 50%
 # repair in 1-15 s on a loaded 2-core machine. Measured: experiments/results/README.md, section i.
@@ -106,6 +111,15 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     timed_out: list[str] = []
     over: list[tuple[int, str, "Schedule"]] = []        # schedules that replayed above the budget
     floor_minimums: list[tuple[int, str]] = []          # a floor strategy's least peak, when it refused
+    memo: list[float] = []
+
+    def memory_bound() -> float:
+        """:func:`cost_lower_bound`, computed once: over a second of CPU on graphs of a few thousand
+        nodes, and needed after the time limit for the answer's bound (never cut short there)."""
+        if not memo:
+            with no_deadline():
+                memo.append(cost_lower_bound(graph, budget_bytes))
+        return memo[0]
 
     def attempt(name: str, opts: "SolveOptions", until: float | None = None) -> None:
         try:
@@ -142,21 +156,46 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                      sim.compute_cost / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
 
     base_opts = replace(options, time_limit_s=None)
+    main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
+    # On graphs beyond the flat MILP the hierarchical plan is the strong candidate and the floor's
+    # quadratic baselines the weak ones: the plan runs first, after checkpoint-all (linear), so that
+    # a machine that gives this process less CPU cuts the floor short, not the plan. When the floor
+    # ran first under a wall-clock share, a loaded machine left the plan no time: EfficientNetV2B0
+    # (894 nodes) got the Chen greedy's 1.20x instead of the plan's 1.04x, NASNetMobile (2621
+    # nodes) no schedule at all. Measured: experiments/results/README.md, section i.
+    plan_first = main == "hierarchical"
+    floor = ("checkpoint_all",) if plan_first else FLOOR_STRATEGIES
     floor_until = None if deadline is None else start + FLOOR_TIME_SHARE * float(options.time_limit_s)
-    for name in FLOOR_STRATEGIES:
+    for name in floor:
         known = len(minimums)
-        attempt(name, base_opts, floor_until)
+        attempt(name, base_opts, deadline if plan_first else floor_until)
         if len(minimums) > known:
             floor_minimums.append((minimums[-1], name))
-    main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
+    if plan_first and not _fits_without_recomputation(graph, results):
+        left = None if deadline is None else PLAN_FIRST_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
+        attempt(main, replace(options, time_limit_s=left), deadline)
+        # the rest of the floor in the time left, the refinement's share kept back once a plan is known
+        for name in FLOOR_STRATEGIES[1:]:
+            reserve = 0.0 if deadline is None or not results else REFINE_TIME_SHARE * float(options.time_limit_s)
+            until = None if deadline is None else deadline - reserve
+            if until is not None and time.perf_counter() >= until:
+                _logger.info("auto: no time left for %s", name)
+                timed_out.append(name)
+                continue
+            known = len(minimums)
+            attempt(name, base_opts, until)
+            if len(minimums) > known:
+                floor_minimums.append((minimums[-1], name))
     best_floor = min(results, key=lambda r: r[0]) if results else None
     # below the largest working set no schedule exists, but the repair's least peak is still the
     # smallest budget known to fit (far below the floor's on long-skip graphs)
     if best_floor is None:
         repair_s = REPAIR_MAX_S if deadline is None else min(REPAIR_TIME_SHARE * float(options.time_limit_s),
                                                              REPAIR_MAX_S)
+        repair_until = time.perf_counter() + repair_s if plan_first else start + repair_s
+        repair_until = repair_until if deadline is None else min(repair_until, deadline)
         lowest: list = []
-        repaired = _repair(graph, budget_bytes, floor_minimums, over, start + repair_s, lowest=lowest)
+        repaired = _repair(graph, budget_bytes, floor_minimums, over, repair_until, lowest=lowest)
         minimums.extend(c.peak_bytes for c in lowest if c is not None)
         if repaired is not None:
             results.append(repaired)
@@ -173,7 +212,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         and, under a time limit, the flat MILP. Run when no schedule is within the target gap yet."""
         if (graph.n > AUTO_DROP_START_MAX_NODES or budget_bytes < largest_working_set_bytes(graph)
                 or dropped_from or any(r[1] == "checkpoint_all" for r in results)
-                or not _short_of_bound(graph, budget_bytes, results)):
+                or not _short_of_bound(graph, memory_bound, results)):
             return
         until = None if deadline is None else deadline - reserve
         if until is not None and until - time.perf_counter() < AUTO_FALLBACK_MIN_SECONDS:
@@ -187,26 +226,26 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", dropped[2].status,
                          dropped[0] / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
 
-    if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
+    if plan_first:
+        drop_from_checkpoint_all()
+    elif not _fits_without_recomputation(graph, results):
         if main == "checkmate_milp" and graph.n >= AUTO_HIERARCHICAL_FIRST_MIN_NODES:
-            attempt("hierarchical", replace(options, time_limit_s=left))
+            attempt("hierarchical", replace(options, time_limit_s=left), deadline)
             drop_from_checkpoint_all()
             left = None if deadline is None else deadline - reserve - time.perf_counter()
-            if (_short_of_target(graph, results, "hierarchical") and _short_of_bound(graph, budget_bytes, results)
+            if (_short_of_target(graph, results, "hierarchical") and _short_of_bound(graph, memory_bound, results)
                     and (left is None or left >= AUTO_FALLBACK_MIN_SECONDS)):
-                attempt(main, replace(options, time_limit_s=left))
-        elif main == "hierarchical":
-            attempt(main, replace(options, time_limit_s=left))
-            drop_from_checkpoint_all()
+                attempt(main, replace(options, time_limit_s=left), deadline)
         else:
-            attempt(main, replace(options, time_limit_s=left))
+            attempt(main, replace(options, time_limit_s=left), deadline)
+    if not _fits_without_recomputation(graph, results):
         if (main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main)
-                and _short_of_bound(graph, budget_bytes, results)):
+                and _short_of_bound(graph, memory_bound, results)):
             left = None if deadline is None else deadline - reserve - time.perf_counter()
             if left is None or left >= AUTO_FALLBACK_MIN_SECONDS:
                 _logger.info("auto: the hierarchical plan is missing or not within %.0f%% of its bound: flat MILP "
                              "with the time left", 100 * AUTO_TARGET_GAP)
-                attempt("checkmate_milp", replace(options, time_limit_s=left))
+                attempt("checkmate_milp", replace(options, time_limit_s=left), deadline)
     drop_from_checkpoint_all()
     if not results and timed_out:
         # a strategy that ran out of time may have fitted: the budget is not known to be infeasible,
@@ -222,7 +261,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy="auto")
     cost, name, out = min(results, key=lambda r: (r[0], r[1] != main))
     # the memory at each node's first run forces a least recomputation (it includes every node once)
-    lower = max([min(cost_lower_bound(graph, budget_bytes), cost),
+    lower = max([min(memory_bound(), cost),
                  *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
     if not out.optimal and cost > lower * (1 + 1e-12):
         until = time.perf_counter() + REFINE_MAX_S
@@ -300,14 +339,20 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     return check.compute_cost, replace(out, schedule=better.schedule, status=status, optimal=False)
 
 
-def _short_of_bound(graph: "Graph", budget_bytes: int, results: list) -> bool:
-    """Whether no schedule found is within :data:`AUTO_TARGET_GAP` of the best proven lower bound."""
+def _short_of_bound(graph: "Graph", memory_bound, results: list) -> bool:
+    """Whether no schedule found is within :data:`AUTO_TARGET_GAP` of the best proven lower bound
+    (``memory_bound()``: :func:`cost_lower_bound` at the budget)."""
     if not results:
         return True
     cost = min(r[0] for r in results)
-    lower = max([cost_lower_bound(graph, budget_bytes),
+    lower = max([memory_bound(),
                  *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
     return relative_gap(cost, min(lower, cost)) > AUTO_TARGET_GAP
+
+
+def _fits_without_recomputation(graph: "Graph", results: list) -> bool:
+    """Whether a schedule found computes every node once (nothing can beat it)."""
+    return any(r[0] <= graph.total_cost * (1 + 1e-12) for r in results)
 
 
 def _short_of_target(graph: "Graph", results: list, main: str) -> bool:
