@@ -261,8 +261,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy="auto")
     cost, name, out = min(results, key=lambda r: (r[0], r[1] != main))
     # the memory at each node's first run forces a least recomputation (it includes every node once)
-    lower = max([min(memory_bound(), cost),
-                 *(r[2].lower_bound for r in results if r[2].lower_bound is not None)])
+    bounds = [r[2].lower_bound for r in results if r[2].lower_bound is not None]
+    # the hierarchical strategy's bound holds the memory bound already (at least its least with its
+    # own cost, which is no less than ``cost``): not computed a second time after the time limit
+    if not any(r[1] == "hierarchical" and r[2].lower_bound is not None for r in results):
+        bounds.append(min(memory_bound(), cost))
+    lower = max(bounds)
     if not out.optimal and cost > lower * (1 + 1e-12):
         until = time.perf_counter() + REFINE_MAX_S
         until = until if deadline is None else min(until, deadline)
