@@ -1,10 +1,18 @@
 """The default strategy: the exact MILP where it is fast, the hierarchical strategy beyond, and the best
 classic baseline as a floor.
 
-``auto`` runs the cheap baselines first (each answers in seconds on graphs of a few thousand nodes;
-together they get at most :data:`FLOOR_TIME_SHARE` of the time limit, and one that runs out of it is
-skipped), then the strategy that suits the graph's size within the time left, and returns the
-cheapest replayed schedule that fits. Its ``status`` names the strategy whose schedule it returns. When nothing fits,
+On graphs the flat MILP solves (up to :data:`AUTO_MILP_MAX_NODES` nodes) ``auto`` runs the cheap
+baselines first (together they get at most :data:`FLOOR_TIME_SHARE` of the time limit, and one that
+runs out of it is skipped), then the MILP within the time left. Beyond, the hierarchical plan is the
+strong candidate and the baselines' quadratic schedules (seconds each on graphs of a few thousand
+nodes) the weak ones: checkpoint-all runs first (if it fits nothing is recomputed), then the
+hierarchical strategy with :data:`PLAN_FIRST_TIME_SHARE` of the time left, then the other baselines
+in what it leaves, so that a machine that gives the solver less CPU cuts the baselines short, not the
+plan. ``auto`` returns the cheapest replayed schedule that fits.
+
+Every stage stops at the time limit; what runs after it is the replay and the checks of the result
+found (:func:`checkmate.solve` cuts a strategy without a solver of its own at 10% of the limit plus
+2 s past it). Its ``status`` names the strategy whose schedule it returns. When nothing fits,
 the :class:`InfeasibleBudgetError` names the smallest budget at which one of them succeeds.
 
 Two passes work on whole schedules whatever the graph's structure. When no baseline fits, the
@@ -13,8 +21,8 @@ holds are dropped at the replayed peak, cheapest per byte first, until the peak 
 (:func:`~checkmate.solvers.rounding.repair_to_budget`). This finds schedules at budgets that every
 structured strategy refuses (language models at 50% of checkpoint-all, where a vocabulary-sized
 loss and wide feed-forward values make one level of recomputation per block too coarse), before
-the main strategy runs, so that a time limit never leaves auto without a schedule that is cheap to
-find. On graphs of up to :data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and
+the MILP runs (beyond its sizes, after the plan and the baselines), so that a time limit never
+leaves auto without a schedule that is cheap to find. On graphs of up to :data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and
 no schedule is within :data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired
 to the budget the same way: long skips and dense concatenations defeat the structured strategies,
 not this. When nothing fits, the least peak that a repair reaches is among the minimums the error

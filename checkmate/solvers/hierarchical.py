@@ -551,11 +551,12 @@ def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> 
     schedule, cost, peak = hierarchical_schedule(graph, budget_bytes, deadline=deadline, plan=plan,
                                                  progress=reporter)
     # the bound after the plan: seconds of CPU on graphs of thousands of nodes (2.5 s on NASNetMobile's
-    # 2621), which a loaded machine took from the plan when it came first. Past the caller's deadline
-    # the plan is kept with the bound that costs nothing: every node computed once.
-    memory_cut = False
+    # 2621), which a loaded machine took from the plan when it came first. Past this strategy's time
+    # limit or the caller's deadline the plan is kept with the bound that costs nothing: every node
+    # computed once (the caller's deadline is polled only between parts of the bound's work).
+    memory_cut = deadline is not None and time.perf_counter() > deadline
     try:
-        memory_bound = min(cost_lower_bound(graph, budget_bytes), cost)
+        memory_bound = min(graph.total_cost if memory_cut else cost_lower_bound(graph, budget_bytes), cost)
     except TimeLimitError:
         memory_bound, memory_cut = min(graph.total_cost, cost), True
     lp = _lp_bound(graph, budget_bytes, options, deadline)
