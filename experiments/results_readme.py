@@ -1006,6 +1006,14 @@ TUNED_CONSTANTS = [
     ("`FLOOR_STRATEGIES` (`solvers/auto.py`)", "+ `chen_greedy_linearized`",
      "A 326-node diffusion-style U-Net at 50%: the old floor and the hierarchical strategy refused it "
      "(minimum 374 MB); the linearized Chen greedy fits it at 318.8 MB, 1.276x, in 0.9 s."),
+    ("`PLAN_FIRST_TIME_SHARE` (`solvers/auto.py`)", "0.7",
+     "The graphs `RematModel` solves for EfficientNetV2B0 (894 nodes) and NASNetMobile (2621) at 50% and 70% "
+     "of their activations, 20 s, one busy process beside the solver on 2 loaded cores "
+     "(`experiments/solve_load.py`, `solve_load.md`): with the floor first (40% of the limit) the plan got "
+     "what was left, and EfficientNetV2B0 at 50% ended at the Chen greedy's 1.203x, NASNetMobile with no "
+     "schedule; with the hierarchical plan first and 70% of the time left: 1.035x and 1.0143x, as without "
+     "the busy process (1.034x, 1.0143x). NASNetMobile's plan ended at 17.9 s of the 20 under load: the share "
+     "leaves the rest of the floor what the plan does not need, and no less to the plan."),
     ("`REPAIR_TIME_SHARE` (`solvers/auto.py`)", "0.5",
      "The graphs `RematModel` plans for GPT-2, Llama, BERT and ViT (`experiments/solver_quality.py`, 146-161 "
      "nodes) at 50% of checkpoint-all, where every baseline refuses, on 2 loaded cores: the repair from "

@@ -41,6 +41,32 @@ def test_a_slower_machine_gets_the_same_plan(monkeypatch):
     assert loaded.compute_cost <= unloaded.compute_cost * (1 + 1e-9)
 
 
+def test_beyond_the_flat_milp_the_plan_runs_before_the_quadratic_baselines(monkeypatch):
+    """The order is what protects the plan from a loaded machine: checkpoint-all (linear), then the
+    hierarchical strategy, then the rest of the floor in the time it leaves."""
+    from types import SimpleNamespace
+
+    from checkmate.solvers.registry import STRATEGIES
+
+    calls = []
+
+    def recorded(name, spec):
+        def run(*args, **kwargs):
+            calls.append(name)
+            return spec.fn(*args, **kwargs)
+        return SimpleNamespace(fn=run)
+
+    monkeypatch.setattr(auto, "STRATEGIES", {name: recorded(name, spec) for name, spec in STRATEGIES.items()})
+    monkeypatch.setattr(auto, "REFINE_MAX_S", 0.0)
+    graph = synthetic.resnet(15)
+    assert graph.n > auto.AUTO_MILP_MAX_NODES
+    result = checkmate.solve(graph, parse_budget("30% activations", graph), strategy="auto", time_limit_s=60)
+    assert result.status.startswith("hierarchical")
+    assert calls[:2] == ["checkpoint_all", "hierarchical"]
+    assert set(auto.FLOOR_STRATEGIES) <= set(calls)   # the floor still runs, after the plan, with time left
+    assert all(calls.index(name) > calls.index("hierarchical") for name in auto.FLOOR_STRATEGIES[1:])
+
+
 # solve holds a strategy without a solver of its own to the limit plus this grace (the replay of the
 # result found and its checks): ``checkmate.solvers._hard_deadline``
 GRACE_SHARE, GRACE_S = 0.1, 2.0
