@@ -22,12 +22,13 @@ holds are dropped at the replayed peak, cheapest per byte first, until the peak 
 structured strategy refuses (language models at 50% of checkpoint-all, where a vocabulary-sized
 loss and wide feed-forward values make one level of recomputation per block too coarse), before
 the MILP runs (beyond its sizes, after the plan and the baselines), so that a time limit never
-leaves auto without a schedule that is cheap to find. On graphs of up to :data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and
-no schedule is within :data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired
-to the budget the same way: long skips and dense concatenations defeat the structured strategies,
-not this. When nothing fits, the least peak that a repair reaches is among the minimums the error
-names. The time left at the end *refines* the best schedule: recomputations are replaced by holds
-while the peak still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
+leaves auto without a schedule that is cheap to find. On graphs of up to
+:data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and no schedule is within
+:data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired to the budget the
+same way: long skips and dense concatenations defeat the structured strategies, not this. When
+nothing fits, the least peak that a repair reaches is among the minimums the error names. The time
+left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
+still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.schedule import Schedule
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
-           "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S", "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
+           "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S",
+           "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
