@@ -242,6 +242,9 @@ class ProfileResult:
     cache_path: str | None
     estimated: int = 0      # nodes that cost their calibrated estimate (time budget spent, or not runnable alone)
     launch_us_per_op: float = 0.0   # each op's share of the plain step's scheduling time, in every node's cost
+    measured_share: float = 1.0     # share of the summed calibrated estimates in the measured (or cached) nodes
+    traced: int = 0                 # nodes measured now in the trace of the whole step
+    seconds: float = 0.0            # time this call took
 
 
 @dataclass
@@ -492,14 +495,180 @@ def estimate_cost(graph: tf.Graph, op_names: Iterable[str], calibration: Calibra
     return max(MIN_TIME_US, total)
 
 
+# ------------------------------------------------------------------------------------ step tracing
+# The name of the profiler event around each traced run of the step (it separates the runs).
+_RUN_MARKER = "checkmate_profile_run"
+# Ops that hold no data work: a rewritten op (a fusion) never absorbed one of them.
+_NOT_ABSORBED = frozenset({"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "NoOp", "Identity"})
+# How far back from a fused op its absorbed producers are looked for (Grappler's remapper fuses chains
+# of up to four ops: convolution or matrix product, bias, normalization or add, activation).
+_FUSION_DEPTH = 3
+
+
+@dataclass
+class _Trace:
+    """Per-node times (microseconds, robust median over the traced runs) read from a trace of the
+    whole step, the number of runs, and how long tracing took."""
+
+    times_us: dict[int, float]
+    runs: int
+    seconds: float
+    step_us: float | None = None    # robust median of the traced runs' own times (the call included)
+
+
+def _op_events(space, known: set[str]) -> tuple[list[tuple[float, float]], list[tuple[str, str, float, float, bool]]]:
+    """(run intervals, op events) of a profiler trace; times in microseconds from the trace's clock.
+
+    An op event is (op name, executed op type, start, duration, on a device): host threads record
+    each executed op as an event named ``name:type``; on a GPU the kernels carry a ``tf_op`` stat of
+    that form, and their time on the device is the op's.
+    """
+    runs: list[tuple[float, float]] = []
+    events: list[tuple[str, str, float, float, bool]] = []
+    for plane in space.planes:
+        names = {k: v.name for k, v in plane.event_metadata.items()}
+        device = plane.name.startswith("/device:")
+        stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
+        tf_op_stat = next((k for k, v in stat_names.items() if v == "tf_op"), None)
+        for line in plane.lines:
+            base_us = line.timestamp_ns * 1e-3
+            for ev in line.events:
+                start = base_us + ev.offset_ps * 1e-6
+                duration = ev.duration_ps * 1e-6
+                label = names.get(ev.metadata_id, "")
+                if device:
+                    if tf_op_stat is None:
+                        continue
+                    label = ""
+                    for stat in ev.stats:
+                        if stat.metadata_id == tf_op_stat:
+                            label = stat.str_value or stat_names.get(stat.ref_value, "")
+                            break
+                    if not label:
+                        continue
+                elif label == _RUN_MARKER:
+                    runs.append((start, start + duration))
+                    continue
+                op_name, sep, op_type = label.rpartition(":")
+                if sep and op_name in known:
+                    events.append((op_name, op_type, start, duration, device))
+    runs.sort()
+    return runs, events
+
+
+def _fusion_shares(graph: tf.Graph, rewritten: Iterable[str], executed: set[str],
+                   calibration: Calibration) -> dict[str, list[tuple[str, float]]]:
+    """For each op that ran rewritten (another type than in the step's graph: a Grappler fusion
+    such as ``_FusedConv2D``, a oneDNN ``_Mkl*`` op), the ops it ran for and each one's share of its time.
+
+    A fused op keeps the name of one original op (the last of the chain); the ops it absorbed did not
+    run under their own names. They are found among its producers (up to :data:`_FUSION_DEPTH` ops
+    back) that left no event in the trace, and the time is shared in proportion to each op's roofline
+    time (FLOPs and bytes), so that a convolution fused into the next layer's add still costs its layer.
+    """
+    shares = {}
+    for name in rewritten:
+        op = graph.get_operation_by_name(name)
+        members = [op]
+        frontier = [op]
+        seen = {name}
+        for _ in range(_FUSION_DEPTH):
+            nxt = []
+            for cur in frontier:
+                for t in cur.inputs:
+                    src = t.op
+                    if src.name in seen or src.name in executed or src.type in _NOT_ABSORBED:
+                        continue
+                    seen.add(src.name)
+                    members.append(src)
+                    nxt.append(src)
+            frontier = nxt
+        weights = [max(op_flops(m) / calibration.flops_per_us, op_bytes(m) / calibration.bytes_per_us)
+                   for m in members]
+        total = sum(weights)
+        if len(members) == 1 or total <= 0:
+            shares[name] = [(name, 1.0)]
+        else:
+            shares[name] = [(m.name, w / total) for m, w in zip(members, weights) if w > 0]
+    return shares
+
+
+def _trace_node_times(function, args: Sequence[Any], node_ops: Sequence[Sequence[str]], calibration: Calibration,
+                      repeats: int, warmup: int, deadline: float | None, progress: bool) -> _Trace:
+    """Time every node inside one program, the whole plain step, from TF's profiler trace.
+
+    ``warmup`` untimed runs, then up to ``repeats`` traced runs (at least one, and three while the time
+    allows: after ``deadline``, a ``time.perf_counter()`` value, no further run starts once three ran).
+    Each executed op is attributed to the node holding its name; a rewritten op's time is shared with
+    the ops it absorbed (:func:`_fusion_shares`). A node's time in a run is the sum of its ops'; its
+    time is the :func:`robust_median` over the runs. Nodes none of whose ops ran under a known name
+    (all folded away or fused into nodes that absorbed nothing of them) are left out.
+    """
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    graph = function.graph
+    op_node = {op: k for k, ops in enumerate(node_ops) for op in ops}
+    for _ in range(warmup):
+        function(*args)
+    _compat.sync_devices()
+    bar = tqdm(total=repeats, desc="profiling the step", unit="run", disable=None if progress else True,
+               leave=False)
+
+    def body():
+        for r in range(repeats):
+            if r >= 1 and deadline is not None and time.perf_counter() > deadline and r >= 3:
+                break
+            with _compat.profiler_marker(_RUN_MARKER):
+                function(*args)
+                _compat.sync_devices()
+            bar.update(1)
+
+    try:
+        space = _compat.profiler_trace(body)
+    finally:
+        bar.close()
+    runs, events = _op_events(space, set(op_node))
+    if not runs:
+        return _Trace({}, 0, time.perf_counter() - started)
+    executed = {e[0] for e in events}
+    on_device = {e[0] for e in events if e[4]}
+    rewritten = {e[0] for e in events if e[1] != graph.get_operation_by_name(e[0]).type}
+    shares = _fusion_shares(graph, rewritten, executed, calibration)
+    starts = np.asarray([r[0] for r in runs])
+    per_run = np.zeros((len(runs), len(node_ops)))
+    attributed = np.zeros(len(node_ops), dtype=bool)
+    for op_name, _, start, duration, device in events:
+        if op_name in on_device and not device:
+            continue       # the op's kernels ran on a GPU: its host event is the launch, not the work
+        r = int(np.searchsorted(starts, start, side="right")) - 1
+        if r < 0 or start > runs[r][1]:
+            continue
+        for member, share in shares.get(op_name, ((op_name, 1.0),)):
+            k = op_node.get(member)
+            if k is not None:
+                per_run[r, k] += duration * share
+                attributed[k] = True
+    times = {k: max(MIN_TIME_US, robust_median(per_run[:, k])) for k in np.flatnonzero(attributed)}
+    step_us = robust_median([end - start for start, end in runs])
+    return _Trace({int(k): float(v) for k, v in times.items()}, len(runs), time.perf_counter() - started, step_us)
+
+
 def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequence[str],
                   label_names: Sequence[str], *, batch: Sequence[Any] | None = None, repeats: int = 7,
                   warmup: int = 2, cache_dir: "str | os.PathLike | None" = None, use_cache: bool = True,
                   progress: bool = True, seed: int = 0,
-                  time_budget_s: float | None = DEFAULT_TIME_BUDGET_S) -> ProfileResult:
+                  time_budget_s: float | None = DEFAULT_TIME_BUDGET_S, trace: bool = True) -> ProfileResult:
     """Time every node of a lowered step on the current device, on its real input values.
 
-    The step runs once (on ``batch``, or a deterministic stand-in batch) to record every tensor that
+    With ``trace`` (the default) the whole plain step runs under TF's profiler: ``warmup`` untimed
+    runs, then up to ``repeats`` traced ones, and each node's time is the :func:`robust_median` over
+    the runs of its ops' times in the trace (see :func:`_trace_node_times`): every node measured in
+    the step's own program, as it runs there, in a few step times. Nodes the trace cannot attribute
+    (every op folded away or renamed by Grappler), or all of them when the profiler cannot run, are
+    then measured alone as below while the time budget lasts.
+
+    Without ``trace``, or for those nodes: the step runs once (on ``batch``, or a deterministic stand-in batch) to record every tensor that
     a node reads from outside; then each node's ops run alone, as one pruned function fed with those
     values: ``warmup`` untimed calls, then ``repeats`` timed ones (up to three times as many while
     the samples spread by more than 20%). The cost is the :func:`robust_median` time minus the
@@ -512,10 +681,15 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     node's time alone), and per step (its share); variables the step assigns (BatchNorm statistics,
     dropout seeds) are restored afterwards.
 
-    ``time_budget_s`` bounds the measuring (None: no bound): the nodes are measured in decreasing
-    order of their calibrated estimate (:func:`estimate_cost`), and those left when it runs out, or
-    that cannot run alone, cost their estimate scaled by the median measured/estimated ratio of the
-    nodes measured in this run. ``ProfileResult.estimated`` counts them; they are not cached.
+    ``time_budget_s`` bounds the measuring (None: no bound). The trace takes ``warmup`` step runs
+    and stops starting traced runs once the budget is spent and three ran (the bound: the budget or
+    ``warmup`` + 3 step times, whichever is larger, plus reading the trace: 2-4 s for a 2621-node
+    NASNetMobile step on two CPU cores); nodes left are measured alone in decreasing order of their
+    calibrated estimate (:func:`estimate_cost`) until the budget is spent. Those left then, or that
+    cannot run alone, cost their estimate scaled by the median measured/estimated ratio of the nodes
+    measured in this run. ``ProfileResult.estimated`` counts them; they are not cached.
+    ``ProfileResult.measured_share`` is the share of the step's estimated cost (the sum of every
+    node's calibrated estimate) in the nodes that were measured (now or in the cache).
     """
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be >= 1 and warmup >= 0")
@@ -540,12 +714,16 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     raw: dict[str, tuple[float, float]] = {}
     step_us: float | None = None
     values = None
+    sources: dict[str, str] = {}
+    n_traced = 0
+    started = time.perf_counter()
+    calibration = calibrate(cache)
+    guess_all = [estimate_cost(graph, ops, calibration) for ops in node_ops]
     snapshot = [(h, dt, tf.raw_ops.ReadVariableOp(resource=h, dtype=dt)) for h, dt in _written_variables(function)] \
         if todo or launch_us is None else []
     try:
         if todo:
-            calibration = calibrate(cache)
-            guess = {k: estimate_cost(graph, node_ops[k], calibration) for k in todo}
+            guess = {k: guess_all[k] for k in todo}
             # one measurement per distinct key, largest estimates first
             order: list[int] = []
             first_of: dict[str, int] = {}
@@ -553,15 +731,36 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                 if programs[k].key not in first_of:
                     first_of[programs[k].key] = k
                     order.append(k)
-            started = time.perf_counter()
-            try:
-                values = _record_inputs(function, graph_def, programs, order, input_names, label_names, batch, seed)
-            except (tf.errors.OpError, ValueError, TypeError, KeyError):
-                values = None        # the step cannot run here: every node takes its estimate
-            overhead = _call_overhead_us(repeats, warmup)
+            deadline = started + time_budget_s if time_budget_s is not None else None
+            if trace and (time_budget_s is None or time_budget_s > 0):
+                try:
+                    traced = _trace_node_times(function, _step_args(function, input_names, label_names, batch, seed),
+                                               node_ops, calibration, repeats, warmup, deadline, progress)
+                except (tf.errors.OpError, ValueError, TypeError, KeyError, RuntimeError):
+                    traced = _Trace({}, 0, 0.0)     # no profiler here: every node is measured alone
+                # the traced runs' times are the step's: its nodes' times and its scheduling in one run
+                step_us = traced.step_us
+                # nodes with equal keys (a repeated block's layers) share one time: their median
+                by_key: dict[str, list[float]] = {}
+                for k in todo:
+                    if k in traced.times_us:
+                        by_key.setdefault(programs[k].key, []).append(traced.times_us[k])
+                for key, times in by_key.items():
+                    measured_keys[key] = float(np.median(times))
+                    raw[key] = (measured_keys[key], 0.0)
+                    sources[key] = f"trace of {traced.runs} runs"
+                n_traced = sum(programs[k].key in measured_keys for k in todo)
+            order = [k for k in order if programs[k].key not in measured_keys]
+            if order and (deadline is None or time.perf_counter() < deadline):
+                try:
+                    values = _record_inputs(function, graph_def, programs, order, input_names, label_names, batch,
+                                            seed)
+                except (tf.errors.OpError, ValueError, TypeError, KeyError):
+                    values = None        # the step cannot run here: these nodes take their estimate
+            overhead = _call_overhead_us(repeats, warmup) if values is not None else 0.0
             bar = tqdm(order, desc="profiling", unit="node", disable=None if progress else True, leave=False)
             for k in bar:
-                if values is None or (time_budget_s is not None and time.perf_counter() - started > time_budget_s):
+                if values is None or (deadline is not None and time.perf_counter() > deadline):
                     break
                 p = programs[k]
                 try:
@@ -580,7 +779,7 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                 else:
                     alone[k] = max(MIN_TIME_US, guess[k] * scale)
                     estimated.add(k)
-        if launch_us is None:
+        if launch_us is None and step_us is None:
             step_us = _step_time_us(function, values, input_names, label_names, repeats, warmup, batch, seed)
     finally:
         for h, _, value in snapshot:
@@ -602,13 +801,22 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
             if key in measured_keys:
                 median, call_us = raw[key]
                 cache.put(key, alone[k], ops=programs[k].summary, repeats=repeats, median_us=median,
-                          overhead_us=call_us)
+                          overhead_us=call_us, source=sources.get(key, "alone"))
         # a share computed with estimated nodes in its sum is not cached: it changes once they are measured
         if fresh_share and step_us is not None and not estimated:
             cache.put(step_key, launch_us, kind="step_launch_us_per_op", nodes=len(programs), step_us=step_us)
         cache.save()
+    total_guess = sum(guess_all)
+    share = sum(g for k, g in enumerate(guess_all) if k not in estimated) / total_guess if total_guess > 0 else 1.0
     return ProfileResult(costs, hits, len(todo), str(cache.path) if cache else None,
-                         estimated=len(estimated), launch_us_per_op=float(launch_us))
+                         estimated=len(estimated), launch_us_per_op=float(launch_us), measured_share=float(share),
+                         traced=n_traced, seconds=time.perf_counter() - started)
+
+
+def _step_args(function, input_names, label_names, batch, seed) -> list:
+    """The step's arguments: ``batch`` flattened, or the deterministic stand-in batch."""
+    args = list(batch) if batch is not None else _batch_values(function, input_names, label_names, seed)
+    return [tf.convert_to_tensor(v) for v in tf.nest.flatten(args)]
 
 
 def _step_time_us(function, values: dict | None, input_names, label_names, repeats: int, warmup: int,
