@@ -1,11 +1,13 @@
 """Node costs: measured run times on the current device, a calibrated estimate, and a FLOP count.
 
 ``profile_nodes`` (the default cost model of ``checkmate.tf2.compile``, ``RematModel`` and the CLI)
-measures each node's ops on their real input values, on the device TF places them on by default (a
-GPU when present): repeats, the median after dropping outliers, cached on disk per device, op
-wiring, input shapes and dtypes (see :func:`cache_dir`). Profiling is bounded in time
-(``time_budget_s``): the nodes with the largest estimates are measured first, and a node not measured
-in time, or one that cannot run alone, costs its calibrated estimate.
+measures every node inside the plain step itself: the step runs a few times under TF's profiler, on
+the device TF places its ops on by default (a GPU when present), and each executed op's time goes to
+the node that holds it (a fused op's time shared with the ops it absorbed); a node's time is the
+median over the runs after dropping outliers. Results are cached on disk per device, op wiring,
+input shapes and dtypes (see :func:`cache_dir`). Nodes the trace cannot attribute are timed alone,
+one small program each, largest estimates first, while the time budget (``time_budget_s``) lasts;
+a node measured neither way costs its calibrated estimate.
 
 ``estimate_cost`` is that estimate: for each op, the larger of its FLOPs over the device's measured
 FLOP rate and the bytes it reads and writes over the device's measured memory bandwidth, plus a

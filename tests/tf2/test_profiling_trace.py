@@ -73,6 +73,7 @@ def test_trace_agrees_with_nodes_timed_alone(tmp_path):
     assert 0.25 < sum(traced.costs) / sum(alone.costs) < 4.0
 
 
+@pytest.mark.slow
 def test_every_node_of_a_repeated_cell_model_is_measured_in_the_default_budget(tmp_path):
     """A 200+-node step: every node measured, in the default time budget, from one trace (no node
     timed alone); a second run reads every node from the cache, no trace, the same costs."""
