@@ -164,3 +164,12 @@ def test_summary_says_how_many_nodes_were_measured_and_their_share(tmp_path):
     text = cost_model_description(none)
     assert f"0 of {n} nodes measured (0.0% of the estimated cost)" in text
     assert f"{n} a calibrated FLOPs-and-bytes estimate" in text
+
+
+def test_ops_side_by_side_share_the_wall_time():
+    """Two ops that overlap split the overlap evenly; the shares add up to the busy wall time, gaps
+    excluded; an op alone keeps its duration."""
+    shares = profiling._exclusive_times([(0.0, 10.0), (5.0, 15.0), (20.0, 24.0), (21.0, 22.0)])
+    assert shares == pytest.approx([7.5, 7.5, 3.5, 0.5])
+    assert sum(shares) == pytest.approx(15.0 + 4.0)
+    assert profiling._exclusive_times([]) == []
