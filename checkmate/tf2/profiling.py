@@ -423,8 +423,9 @@ def _written_variables(function) -> list[tuple[Any, Any]]:
     return out
 
 
-# Profiling is on the path to the first batch: after this many seconds of measuring, the remaining
-# (smallest) nodes take their calibrated estimate. Measured: experiments/results/README.md, section i.
+# Profiling is on the path to the first batch: no traced run of the step starts after this many
+# seconds once three ran, and nodes the trace left are timed alone only until then (the rest take
+# their calibrated estimate). Measured: experiments/results/README.md, section i.
 DEFAULT_TIME_BUDGET_S = 5.0
 # A sample further than this many median absolute deviations above the median is an outlier (another
 # process took the core, a page fault, a lazy allocation) and is dropped before the median is taken.
@@ -734,10 +735,11 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     dropout seeds) are restored afterwards.
 
     ``time_budget_s`` bounds the measuring (None: no bound). The trace takes ``warmup`` step runs
-    and three untraced ones, then stops starting traced runs once the budget is spent and three ran
-    (the bound: the budget or ``warmup`` + 6 step times, whichever is larger, plus reading the trace: 2-4 s for a 2621-node
-    NASNetMobile step on two CPU cores); nodes left are measured alone in decreasing order of their
-    calibrated estimate (:func:`estimate_cost`) until the budget is spent. Those left then, or that
+    and three untraced ones, then stops starting traced runs once the budget is spent and three ran:
+    at most the budget plus one step time, or ``warmup`` + 6 step times where that is longer, plus
+    reading the trace, whatever the node count (a 1654-node NASNetMobile step at 64x64, batch 8, on
+    two shared CPU cores: every node measured in 8-11 s). Nodes left are measured alone in decreasing
+    order of their calibrated estimate (:func:`estimate_cost`) until the budget is spent. Those left then, or that
     cannot run alone, cost their estimate scaled by the median measured/estimated ratio of the nodes
     measured in this run. ``ProfileResult.estimated`` counts them; they are not cached.
     ``ProfileResult.measured_share`` is the share of the step's estimated cost (the sum of every
