@@ -738,7 +738,9 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     and three untraced ones, then stops starting traced runs once the budget is spent and three ran:
     at most the budget plus one step time, or ``warmup`` + 6 step times where that is longer, plus
     reading the trace, whatever the node count (a 1654-node NASNetMobile step at 64x64, batch 8, on
-    two shared CPU cores: every node measured in 8-11 s). Nodes left are measured alone in decreasing
+    two shared CPU cores: every node measured in 8-11 s). A step never run before first pays for TF
+    optimizing its graph, in its first warm-up run (the same NASNetMobile in a fresh process: 36.6 s
+    in all; timing its nodes alone then measured none of them in 28-41 s). Nodes left are measured alone in decreasing
     order of their calibrated estimate (:func:`estimate_cost`) until the budget is spent. Those left then, or that
     cannot run alone, cost their estimate scaled by the median measured/estimated ratio of the nodes
     measured in this run. ``ProfileResult.estimated`` counts them; they are not cached.
