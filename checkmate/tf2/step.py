@@ -83,12 +83,14 @@ def cost_model_description(lowered: LoweredGraph) -> str:
     n = lowered.graph.n
     estimated = int(meta.get("profile_estimated", 0) or 0)
     hits = int(meta.get("profile_cache_hits", 0) or 0)
-    text = f"profiled on {meta.get('device', 'this device').split(' | ')[0]} (us; {n - estimated} of {n} nodes measured"
+    share = float(meta.get("profile_measured_share", 1.0 if not estimated else 0.0))
+    text = (f"profiled on {meta.get('device', 'this device').split(' | ')[0]} (us): {n - estimated} of {n} nodes "
+            f"measured ({share:.1%} of the estimated cost)")
     if hits:
         text += f", {hits} from the cache"
     if estimated:
         text += f", {estimated} a calibrated FLOPs-and-bytes estimate"
-    return text + ")"
+    return text
 
 
 def predicted_step_peak(lowered: LoweredGraph, schedule: Schedule) -> int:

@@ -85,7 +85,8 @@ def node_costs(traced: TracedStep, node_ops: Sequence[Sequence[str]], cost_model
                                          progress=progress, **dict(profile_options or {}))
         costs = result.costs
         profile_info = {"profile_cache_hits": result.hits, "profile_cache_misses": result.misses,
-                        "profile_estimated": result.estimated,
+                        "profile_estimated": result.estimated, "profile_measured_share": result.measured_share,
+                        "profile_traced": result.traced, "profile_seconds": result.seconds,
                         "profile_cache": result.cache_path, "device": profiling.device_description()}
         unit = "us"
     return costs, unit, profile_info
