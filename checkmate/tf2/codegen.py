@@ -421,6 +421,20 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
                 break
             add(int(over[-1]))
         extra[:c][~positions(mask, c)] += held
+        # A wait goes on a computation no other reads yet, else on its reader that ends first (which
+        # orders it too): an anchor gates the sink's output, and a second consumer of a bias add stops
+        # Grappler fusing it with the add that reads it (a residual block's convolution + bias + add).
+        for q in list(chosen):
+            r = q
+            while consumers.get(r):
+                readers = consumers[r]
+                r = min((b for b in range(readers.bit_length()) if (readers >> b) & 1), key=lambda b: finish[b])
+            if r != q:
+                chosen.discard(q)
+                chosen.add(r)
+                mask |= anc[r] | (1 << r)
+                if distinct == q:
+                    distinct = r
         extra[c] += sum(b for _, b in late(mask)) + workspace
         # keep only the waits no other wait depends on
         kept = tuple(sorted(q for q in chosen if q == distinct
