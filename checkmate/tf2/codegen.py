@@ -327,14 +327,14 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
     so a computation that no wait follows may run as late as it likes and its frees are still counted
     (case 2 at every later moment that does not depend on its consumers).
 
-    How ``x`` is placed: with no wait at all, unless (a) its own moment, ``usage(x) + late(x)`` with
-    its temporaries, exceeds the plan's peak: then it waits for the consumers of the late frees
+    "The plan's peak" is the largest ``usage(x)`` plus ``x``'s own temporaries (what the total order
+    reaches by the same accounting). How ``x`` is placed: with no wait at all, unless (a) its own
+    moment, ``usage(x) + late(x)`` with its temporaries, exceeds the plan's peak: then it waits for the consumers of the late frees
     ``late(x)`` counts, largest value first, until it fits (only the frees memory needs); or (b) some
     earlier computation ``t`` it does not depend on has ``usage(t) + extra(t)`` plus ``x``'s value and
     temporaries above the peak: then it waits for ``t`` (latest first; a wait brings that one's own
     ancestors along), so that it cannot run beside ``t``. Waiting for every violating ``t`` always
-    succeeds, and (a) fails only where the plan's own memory plus the temporaries is above its peak,
-    as in the total order. A recomputation always waits for at least one computation the plan runs
+    succeeds, and so does (a): with every late free waited for, its moment is the plan's own. A recomputation always waits for at least one computation the plan runs
     after that node's previous copy and that the recomputation does not read (the one that ends first
     on the longest path): its control input then differs from the other copies', so that
     common-subexpression elimination cannot merge it back into them; and it is placed like the others,
@@ -359,7 +359,11 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
                 free_at[-1].append(i)
     n = len(computes)
     usage = np.asarray(usage_list, dtype=np.int64)
-    limit = int(usage.max()) if n else 0
+    # the plan's peak, with a backward computation's temporaries counted while it runs: the total
+    # order's own bound, by the same accounting
+    own_workspace = np.asarray([BACKWARD_WORKSPACE_FACTOR * mem[i] if graph.backward[i] else 0 for i in computes],
+                               dtype=np.int64)
+    limit = int((usage + own_workspace).max()) if n else 0
     nbytes = (n + 7) // 8 + 1
 
     def positions(mask: int, upto: int) -> np.ndarray:
