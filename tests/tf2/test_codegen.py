@@ -513,15 +513,15 @@ def test_partial_order_waits_for_the_consumers_of_late_frees_it_needs():
 
 def test_partial_order_anchors_every_recomputation():
     graph, _ = _diamond(out_mem=8)
-    plan = [("compute", 0), ("compute", 1), ("compute", 2), ("free", 0), ("compute", 2), ("free", 1),
-            ("compute", 0), ("compute", 3), ("free", 0), ("compute", 4)]
     plan = [("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1), ("compute", 0),
             ("compute", 3), ("free", 0), ("compute", 4)]
     # the second computation of a waits though its inputs (none) exist from the start and the plan's
     # peak would allow it beside anything: on a computation after a's first copy that it does not
-    # read (b, the one that ends first), so that its control input differs from the first copy's
+    # read (b, the one that ends first), so that its control input differs from the first copy's; c
+    # reads b already, so the wait goes on c (an anchor on a value another computation reads could
+    # keep Grappler from fusing the two)
     waits = partial_waits(graph, plan)
-    assert waits == [(), (), (), (1,), (), ()]
+    assert waits == [(), (), (), (2,), (), ()]
     assert partial_anchors(graph, plan) == [False, False, False, True, False, False]
 
 
@@ -536,12 +536,16 @@ def test_partial_order_counts_a_backward_computations_workspace():
     graph, plan = _diamond(out_mem=8)
     assert partial_anchors(graph, plan)[3] is False
     assert partial_anchors(_as_backward(graph, 3), plan)[3] is False
-    # d of 3 bytes, peak 12 (at e): beside c (9) its value fits (12), value and workspace do not (15)
+    # d of 3 bytes, plan memory 4, 5, 9, (8), 11, (7), 12 (at e). As a forward computation: peak 12,
+    # and beside c (9) its value fits (12). As the only backward one: its workspace at its own moment
+    # makes the peak 14, and beside c value and workspace do not fit (15): it waits for c
     nodes = [Node(nd.id, nd.name, nd.cost, 3 if nd.id == 3 else nd.mem, output=nd.output)
              for nd in _diamond(out_mem=5)[0].nodes]
     graph = Graph(nodes, _diamond(out_mem=5)[0].edges)
-    assert partial_anchors(graph, plan)[3] is False
-    assert partial_anchors(_as_backward(graph, 3), plan)[3] is True
+    assert partial_waits(graph, plan)[3] == ()
+    backward_d = Graph([Node(nd.id, nd.name, nd.cost, nd.mem, backward=nd.id == 3, output=nd.output)
+                        for nd in graph.nodes], graph.edges)
+    assert partial_waits(backward_d, plan)[3] == (2,)
 
 
 def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
