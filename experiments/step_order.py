@@ -4,14 +4,17 @@ For each model of experiments/wall_clock.py and each budget, one plan is compile
 with a budget only) and its step is generated three times from the same schedule:
 
 * ``total``: every computation anchored on the one before it in the plan;
-* ``partial``: only the computations that must wait, memory-wise (every recomputation, and a first
-  computation whose value, allocated as early as its inputs allow, would raise memory above the plan's
-  peak); the others run in dataflow order, parallel branches in parallel;
+* ``partial``: a computation waits only for what memory needs (the consumers of the frees before it
+  that its moment needs, the earlier computations it cannot run beside within the plan's peak, and,
+  for a recomputation, one computation its other copies do not wait for); the others run in dataflow
+  order, parallel branches in parallel;
 * ``none``: no anchor at all (TF's executor picks the order; recomputations may be merged back).
 
 The three and the plain traced step are timed interleaved in one process (median of ``--repeats``, wall
 and process CPU time), and each step's peak is measured (bytes allocated above the parameters and batch)
-beside the plan's predicted peak. Results: experiments/results/step_order.{csv,md,meta.json}.
+beside the plan's predicted peak. Each order's critical path (the longest path by the plan's node costs
+through the data and control edges of its graph) is given as a ratio to the plain step's: a measure of
+the parallelism the order keeps that does not depend on the machine's load. Results: experiments/results/step_order.{csv,md,meta.json}.
 
     python experiments/step_order.py --models transformer,resmlp,unet,cnn --budgets 70%,50%
 """
@@ -38,7 +41,7 @@ RESULTS = HERE / "results"
 ORDERS = ("total", "partial", "none")
 FIELDS = ["model", "budget", "nodes", "recomputations", "predicted_overhead", "predicted_step_peak_bytes", "plain_step_peak_bytes"] + \
     [f"{o}_{what}" for o in ORDERS for what in ("wall_ratio", "cpu_ratio", "step_peak_bytes", "control_inputs",
-                                                 "fused_ops")] + \
+                                                 "fused_ops", "critical_path_ratio")] + \
     ["plain_fused_ops", "plain_ms", "status"]
 
 
@@ -85,6 +88,7 @@ def run(name: str, budget: str, repeats: int, time_limit_s: float | None) -> dic
         row[f"{order}_step_peak_bytes"] = step_peak(fn.call_flat, *flat)
         row[f"{order}_control_inputs"] = control_inputs(fn)
         row[f"{order}_fused_ops"] = fused_ops(fn, x, y)
+        row[f"{order}_critical_path_ratio"] = round(fn.rewritten.critical_path_ratio, 3)
     # what the plain step runs: the generated step of a plan that recomputes nothing executes its graph
     row["plain_fused_ops"] = fused_ops(generate(step.lowered, checkpoint_all_schedule(step.graph)), x, y)
     walls, cpus = interleaved_times([*(fn.call_flat for fn in fns.values()), plain], *flat, repeats=repeats)
@@ -104,19 +108,22 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['seconds']:.0f} s.", "",
              "Ratios to the plain traced step, interleaved in one process, median of the repeats (wall / process "
              "CPU). Peaks in MiB above parameters and batch; `ctrl` counts control inputs in the GraphDef; "
-             "`fused` counts the ops TF ran fused (plain step: in brackets).", "",
-             "| model | budget | recomp. | predicted | peak pred. | plain peak | order | wall | CPU | peak | ctrl | fused |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "`fused` counts the ops TF ran fused (plain step: in brackets); `path` is the order's critical path "
+             "(by the plan's node costs, through data and control edges) over the plain step's.", "",
+             "| model | budget | recomp. | predicted | peak pred. | plain peak | order | wall | CPU | peak | ctrl | fused "
+             "| path |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |  |")
             continue
         for order in ORDERS:
             lines.append(f"| {r['model']} | {r['budget']} | {r['recomputations']} | {x(r['predicted_overhead'])} | "
                          f"{mib(r['predicted_step_peak_bytes'])} | {mib(r['plain_step_peak_bytes'])} | {order} | "
                          f"{x(r[f'{order}_wall_ratio'])} | {x(r[f'{order}_cpu_ratio'])} | "
                          f"{mib(r[f'{order}_step_peak_bytes'])} | {r[f'{order}_control_inputs']} | "
-                         f"{r.get(f'{order}_fused_ops', '-')} ({r.get('plain_fused_ops', '-')}) |")
+                         f"{r.get(f'{order}_fused_ops', '-')} ({r.get('plain_fused_ops', '-')}) | "
+                         f"{r.get(f'{order}_critical_path_ratio', '-')} |")
     return "\n".join(lines) + "\n"
 
 
