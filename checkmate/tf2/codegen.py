@@ -374,6 +374,7 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
     extra = np.zeros(n, dtype=np.int64)    # bytes beyond the plan's usage that may be live at a position
     anc = [0] * n                          # bitset of the computations each one depends on
     consumers: dict[int, int] = {}         # position of a value -> bitset of its consumers so far
+    readers_of: dict[int, list[int]] = {}  # the same, as a list
     latest: dict[int, int] = {}            # node -> plan position of its current copy
     pending: list[tuple[int, int]] = []    # (bitset that must be done for the value to be gone, bytes)
     waits: list[tuple[int, ...]] = []
@@ -400,13 +401,15 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
 
         # its own moment: wait for the consumers of late frees, largest first, until they fit
         own = int(usage[c]) + workspace - limit
-        for need, b in sorted(late(mask), key=lambda e: -e[1]):
-            if own + sum(b2 for _, b2 in late(mask)) <= 0:
+        pend = sorted(late(mask), key=lambda e: -e[1])
+        for need, b in list(pend):
+            if own + sum(b2 for _, b2 in pend) <= 0:
                 break
             rest = need & ~mask
             while rest:
                 add(rest.bit_length() - 1)
                 rest = need & ~mask
+            pend = [e for e in pend if e[0] & mask != e[0]]     # the waits may have ordered others too
         if i in latest:
             # a recomputation: a control input no other copy of the node has (see above)
             prev = latest[i]
@@ -430,9 +433,8 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
         # Grappler fusing it with the add that reads it (a residual block's convolution + bias + add).
         for q in list(chosen):
             r = q
-            while consumers.get(r):
-                readers = consumers[r]
-                r = min((b for b in range(readers.bit_length()) if (readers >> b) & 1), key=lambda b: finish[b])
+            while readers_of.get(r):
+                r = min(readers_of[r], key=lambda b: finish[b])
             if r != q:
                 chosen.discard(q)
                 chosen.add(r)
@@ -448,6 +450,7 @@ def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int
         finish[c] = max((finish[q] for q in chosen | set(data)), default=0.0) + float(graph.cost[i])
         for d in data:
             consumers[d] = consumers.get(d, 0) | (1 << c)
+            readers_of.setdefault(d, []).append(c)
         if workspace:
             pending.append((1 << c, workspace))
         latest[i] = c
