@@ -25,15 +25,16 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   other end, an anchor waits for an ``EnsureShape`` of the sink op's output rather than for the op
   (the remapper fuses no convolution + bias add + add whose add has a control output), and a copy
   takes no anchor on a sink whose output it reads (a second consumer of a bias add stops that fusion too).
-  ``order="total"`` anchors every computation on the one before it. ``order="partial"`` anchors only
-  what memory needs (:func:`partial_anchors`): every recomputation (it must wait for the frees before
-  it, and its anchor keeps it apart from the other copies), every backward computation (backward ops
-  run side by side hold temporaries the plan does not count), and a first forward computation only
-  where running it as early as its inputs allow could raise memory above the plan's peak; an anchored
-  computation waits for every computation since the previous anchor, so none runs later than that.
-  The other forward computations run in dataflow order, parallel branches side by side; this is
-  the default (``order="auto"``) for a plan that recomputes, measured in less CPU time than the total
-  order on most plans, at the total order's peak (experiments/step_order.py). A plan that recomputes nothing gets no anchor
+  ``order="total"`` anchors every computation on the one before it. ``order="partial"`` makes a
+  computation wait only for what memory needs (:func:`partial_waits`): for the consumers of the values
+  the plan frees before it, where without those frees memory could exceed the plan's peak, and for the
+  computations beside which its value (and a backward computation's temporaries) would exceed it; a
+  recomputation also waits for one computation its node's other copies do not wait for. The others run
+  in dataflow order, parallel branches (forward and backward) side by side; this is the default
+  (``order="auto"``) for a plan that recomputes (experiments/step_order.py). ``describe_order`` reports
+  the critical path of the generated step (the longest path by the plan's node costs through data and
+  control edges) against the plain step's: how much of the plain step's parallelism the order keeps.
+  A plan that recomputes nothing gets no anchor
   at all (``order="none"``): it is then the plain step's graph, and runs as the plain step does.
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
@@ -64,7 +65,7 @@ from checkmate.simulate import replay_plan, simulate
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 
-__all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "copy_name",
+__all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "copy_name", "critical_path",
            "IMPORT_SCOPE"]
 
 # Name scope the rewritten graph is imported under; op names in the executed graph start with it.
@@ -167,12 +168,68 @@ class RewrittenGraph:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     order: str = "total"                        # the order emitted ("auto" resolved)
     anchored: int = 0                           # computations that wait for an anchor
+    # longest path by the plan's node costs through data and control edges, of this graph and of the
+    # plain step's (each node once, no control edge added), and the cost of all computations
+    critical_path_cost: float = 0.0
+    plain_critical_path_cost: float = 0.0
+    total_cost: float = 0.0
+
+    @property
+    def critical_path_ratio(self) -> float:
+        """Critical path of the generated step over the plain step's (1.0: parallel branches overlap
+        as much as in the plain step; larger: the order serializes them)."""
+        return self.critical_path_cost / self.plain_critical_path_cost if self.plain_critical_path_cost > 0 else 1.0
+
+    def describe_critical_path(self) -> str:
+        share = self.critical_path_cost / self.total_cost if self.total_cost > 0 else 1.0
+        return (f"critical path {self.critical_path_ratio:.2f} of the plain step's "
+                f"({share:.0%} of the total cost)")
 
     def describe_order(self) -> str:
         computations = sum(self.copies)
         if self.order == "none":
-            return "none: the plain step's executor order, no anchor"
-        return f"{self.order}: {self.anchored} of {computations} computations wait for the plan's order"
+            head = "none: the plain step's executor order, no anchor"
+        else:
+            head = f"{self.order}: {self.anchored} of {computations} computations wait for the plan's order"
+        return f"{head}; {self.describe_critical_path()}"
+
+
+def critical_path(nodes: Sequence[Any], op_unit: Mapping[str, Any], unit_cost: Mapping[Any, float]) -> float:
+    """Longest path through a GraphDef's ops, following data and control inputs, where the ops of one
+    computation count as one unit of ``unit_cost[op_unit[op]]`` and every other op (a static op, a
+    gate) costs nothing: the time a step needs with unlimited parallelism, by the plan's node costs.
+
+    A unit starts once every op any of its ops reads (data or control) has finished."""
+    names = {nd.name for nd in nodes}
+
+    def unit(op: str) -> Any:
+        return op_unit.get(op, ("op", op))
+
+    preds: dict[Any, set] = {}
+    for nd in nodes:
+        u = unit(nd.name)
+        here = preds.setdefault(u, set())
+        for text in nd.input:
+            src = _split_input(text)[1]
+            if src in names and unit(src) != u:
+                here.add(unit(src))
+    users: dict[Any, list] = {u: [] for u in preds}
+    for u, ps in preds.items():
+        for p in ps:
+            users[p].append(u)
+    waiting = {u: len(ps) for u, ps in preds.items()}
+    ready = [u for u, w in waiting.items() if w == 0]
+    finish: dict[Any, float] = {}
+    while ready:
+        u = ready.pop()
+        finish[u] = max((finish[p] for p in preds[u]), default=0.0) + float(unit_cost.get(u, 0.0))
+        for v in users[u]:
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                ready.append(v)
+    if len(finish) != len(preds):
+        raise InvalidGraphError("the step's computations wait on each other in a cycle: no critical path")
+    return max(finish.values(), default=0.0)
 
 
 def _check_lowered(lowered: LoweredGraph, by_name: Mapping[str, Any]) -> None:
@@ -240,70 +297,173 @@ def _check_acyclic(nodes: Sequence[Any]) -> None:
 BACKWARD_WORKSPACE_FACTOR = 1
 
 
-def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
-    """Which computations of ``plan`` (in plan order, frees skipped) the partial order anchors.
+def partial_waits(graph: Any, plan: Sequence[tuple[str, int]]) -> list[tuple[int, ...]]:
+    """For each computation of ``plan`` (in plan order, frees skipped), the earlier computations it waits
+    for in the partial order (their positions; empty: it runs as soon as its inputs exist).
 
-    Without an anchor TF's executor runs a computation as soon as its inputs exist. A computation is
-    left free to do so only when that cannot raise memory above the plan's own peak: its value,
-    allocated at the earliest point its inputs can exist and held until its place in the plan, is
-    added to the memory of every plan step in between (together with the values of the unanchored
-    computations accepted before it), and the sum must stay within the plan's peak; so must the plan's
-    memory at its place plus what the plan frees after the computations since the last anchor, which
-    may run late (up to the next anchor, which waits for them) and so free late. Every
-    recomputation is anchored whatever the memory says: it must wait for the frees before it (its
-    inputs exist since their first computation, typically the forward pass), and its anchor is what
-    makes it differ from the other copies, so that common-subexpression elimination cannot merge it
-    back into them. A backward computation also holds temporaries the plan does not count (a
-    convolution's gradient workspace) while it runs beside others: it is checked with
-    ``BACKWARD_WORKSPACE_FACTOR`` times its value added to it. (Backward computations all left free
+    The model. A computation runs, in TF's executor, at any time after every computation it depends
+    on (data, or a wait added here) and before every computation that depends on it; a value dies once
+    its last consumer has run. The bound is taken at the moment each computation ``x`` runs (memory
+    peaks when something is allocated), and ``anc(x)``, the computations ``x`` depends on (tracked
+    exactly), are then done. A value live at that moment was computed by one of:
+
+    1. a computation the plan runs before ``x`` and still holds at ``x``: counted in the plan's memory
+       at ``x``;
+    2. a computation the plan runs before ``x`` and frees before it, whose free may come late: some of
+       its consumers are not in ``anc(x)`` (and may not have run). ``late(x)`` adds every such value
+       (and the value of a computation whose free needs nothing but itself, it not in ``anc(x)``);
+    3. a computation ``y`` the plan runs after ``x`` that runs early, before or beside ``x``: possible
+       only if ``x`` is not in ``anc(y)``. When ``y`` is placed, its value (and its temporaries) is
+       added to ``extra(t)`` of every earlier ``t`` not in ``anc(y)``; ``extra(t)`` also holds
+       ``late(t)`` and ``t``'s own temporaries, and ``y`` is placed so that ``usage(t) + extra(t)``
+       stays within the plan's peak at every such ``t``.
+
+    A backward computation's temporaries (``BACKWARD_WORKSPACE_FACTOR`` times its value) count while
+    it runs: at every earlier ``t`` it may run beside, at its own moment, and at every later ``x``
+    that does not depend on it (as a value whose free needs nothing but itself, case 2). So the
+    memory at the moment ``x`` runs is at most ``usage(x) + extra(x)``, with every term placed in it
+    before or when the term's computation is placed, and checked against the plan's peak then; unlike
+    a window that ends at the next anchor, nothing assumes that a later computation waits for ``x``,
+    so a computation that no wait follows may run as late as it likes and its frees are still counted
+    (case 2 at every later moment that does not depend on its consumers).
+
+    "The plan's peak" is the largest ``usage(x)`` plus ``x``'s own temporaries (what the total order
+    reaches by the same accounting). How ``x`` is placed: with no wait at all, unless (a) its own
+    moment, ``usage(x) + late(x)`` with its temporaries, exceeds the plan's peak: then it waits for the consumers of the late frees
+    ``late(x)`` counts, largest value first, until it fits (only the frees memory needs); or (b) some
+    earlier computation ``t`` it does not depend on has ``usage(t) + extra(t)`` plus ``x``'s value and
+    temporaries above the peak: then it waits for ``t`` (latest first; a wait brings that one's own
+    ancestors along), so that it cannot run beside ``t``. Waiting for every violating ``t`` always
+    succeeds, and so does (a): with every late free waited for, its moment is the plan's own. A recomputation always waits for at least one computation the plan runs
+    after that node's previous copy and that the recomputation does not read (the one that ends first
+    on the longest path): its control input then differs from the other copies', so that
+    common-subexpression elimination cannot merge it back into them; and it is placed like the others,
+    so it cannot run early where memory does not allow it. (Backward computations all left free
     measured 8.0-8.7 MB against 7.4 MB planned on a U-Net at 50% of its checkpoint-all peak; all
-    anchored, they cost the transformer's step 7-9% with nothing recomputed.)
+    chained, they cost the transformer's step 7-9% with nothing recomputed.)
     """
-    mem = graph.mem
+    mem = [int(m) for m in graph.mem]
     computes: list[int] = []
     usage_list: list[int] = []             # plan memory while each computation runs (its output counted)
-    freed_after: list[int] = []            # bytes the plan frees between a computation and the next
+    free_at: list[list[int]] = []          # nodes the plan frees right after each computation
     current = int(graph.fixed_mem)
     for action, i in plan:
         if action == "compute":
-            current += int(mem[i])
+            current += mem[i]
             computes.append(i)
             usage_list.append(current)
-            freed_after.append(0)
+            free_at.append([])
         else:
-            current -= int(mem[i])
-            if freed_after:
-                freed_after[-1] += int(mem[i])
+            current -= mem[i]
+            if free_at:
+                free_at[-1].append(i)
+    n = len(computes)
     usage = np.asarray(usage_list, dtype=np.int64)
-    limit = int(usage.max()) if usage.size else 0
-    extra = np.zeros(len(computes), dtype=np.int64)
-    earliest = [0] * len(computes)         # first plan position at which the computation can be running
+    # the plan's peak, with a backward computation's temporaries counted while it runs: the total
+    # order's own bound, by the same accounting
+    own_workspace = np.asarray([BACKWARD_WORKSPACE_FACTOR * mem[i] if graph.backward[i] else 0 for i in computes],
+                               dtype=np.int64)
+    limit = int((usage + own_workspace).max()) if n else 0
+    nbytes = (n + 7) // 8 + 1
+
+    def positions(mask: int, upto: int) -> np.ndarray:
+        """The bitset as a boolean array over positions ``0 .. upto - 1``."""
+        raw = np.frombuffer(mask.to_bytes(nbytes, "little"), dtype=np.uint8)
+        return np.unpackbits(raw, bitorder="little")[:upto].astype(bool)
+
+    extra = np.zeros(n, dtype=np.int64)    # bytes beyond the plan's usage that may be live at a position
+    anc = [0] * n                          # bitset of the computations each one depends on
+    consumers: dict[int, int] = {}         # position of a value -> bitset of its consumers so far
+    readers_of: dict[int, list[int]] = {}  # the same, as a list
     latest: dict[int, int] = {}            # node -> plan position of its current copy
-    seen: set[int] = set()
-    anchored = [False] * len(computes)
-    late = 0        # bytes the plan has freed since the last anchor whose frees may come late (below)
+    pending: list[tuple[int, int]] = []    # (bitset that must be done for the value to be gone, bytes)
+    waits: list[tuple[int, ...]] = []
+    finish = [0.0] * n                     # longest path (by node costs) to each computation's end
+
+    def late(mask: int) -> list[tuple[int, int]]:
+        return [(need, b) for need, b in pending if need & mask != need]
+
     for c, i in enumerate(computes):
-        start = max((earliest[latest[d]] + 1 for d in graph.deps[i] if d in latest), default=0)
-        held = int(mem[i]) * (1 + BACKWARD_WORKSPACE_FACTOR * bool(graph.backward[i]))
-        if i in seen or int(usage[c]) + late + held - int(mem[i]) > limit:
-            anchored[c] = True
-        elif start < c:
-            if int((usage[start:c] + extra[start:c]).max()) + held <= limit:
-                extra[start:c] += held
-            else:
-                anchored[c] = True
-        # A computation left free may also run late, up to the next anchored one (which waits for it):
-        # a value the plan frees after it, or after any computation since the last anchor, may then
-        # still be held. An anchored computation starts once those frees are done.
-        if anchored[c]:
-            late = 0
-        else:
-            extra[c] += late
-        late += freed_after[c]
-        earliest[c] = c if anchored[c] else min(start, c)
-        seen.add(i)
+        data = [latest[d] for d in graph.deps[i] if d in latest]
+        mask = 0
+        for d in data:
+            mask |= anc[d] | (1 << d)
+        workspace = BACKWARD_WORKSPACE_FACTOR * mem[i] if graph.backward[i] else 0
+        held = mem[i] + workspace
+        chosen: set[int] = set()
+        distinct = None
+
+        def add(q: int) -> None:
+            nonlocal mask
+            if not (mask >> q) & 1:
+                chosen.add(q)
+                mask |= anc[q] | (1 << q)
+
+        # its own moment: wait for the consumers of late frees, largest first, until they fit
+        own = int(usage[c]) + workspace - limit
+        pend = sorted(late(mask), key=lambda e: -e[1])
+        for need, b in list(pend):
+            if own + sum(b2 for _, b2 in pend) <= 0:
+                break
+            rest = need & ~mask
+            while rest:
+                add(rest.bit_length() - 1)
+                rest = need & ~mask
+            pend = [e for e in pend if e[0] & mask != e[0]]     # the waits may have ordered others too
+        if i in latest:
+            # a recomputation: a control input no other copy of the node has (see above)
+            prev = latest[i]
+            if not any(q > prev for q in chosen):
+                distinct = min((q for q in range(prev + 1, c) if q not in data), key=lambda q: finish[q],
+                               default=None)
+                if distinct is not None:
+                    add(distinct)
+                    chosen.add(distinct)
+        # running beside an earlier computation it does not depend on: wait for each one where its
+        # value and temporaries do not fit (latest first; a wait brings that one's own ancestors along)
+        while True:
+            free = ~positions(mask, c)
+            over = np.flatnonzero(free & (usage[:c] + extra[:c] + held > limit))
+            if not over.size:
+                break
+            add(int(over[-1]))
+        extra[:c][~positions(mask, c)] += held
+        # A wait goes on a computation no other reads yet, else on its reader that ends first (which
+        # orders it too): an anchor gates the sink's output, and a second consumer of a bias add stops
+        # Grappler fusing it with the add that reads it (a residual block's convolution + bias + add).
+        for q in list(chosen):
+            r = q
+            while readers_of.get(r):
+                r = min(readers_of[r], key=lambda b: finish[b])
+            if r != q:
+                chosen.discard(q)
+                chosen.add(r)
+                mask |= anc[r] | (1 << r)
+                if distinct == q:
+                    distinct = r
+        extra[c] += sum(b for _, b in late(mask)) + workspace
+        # keep only the waits no other wait depends on
+        kept = tuple(sorted(q for q in chosen if q == distinct
+                            or not any((anc[r] >> q) & 1 for r in chosen if r != q)))
+        waits.append(kept)
+        anc[c] = mask
+        finish[c] = max((finish[q] for q in chosen | set(data)), default=0.0) + float(graph.cost[i])
+        for d in data:
+            consumers[d] = consumers.get(d, 0) | (1 << c)
+            readers_of.setdefault(d, []).append(c)
+        if workspace:
+            pending.append((1 << c, workspace))
         latest[i] = c
-    return anchored
+        for j in free_at[c]:
+            p = latest[j]
+            pending.append((consumers.get(p, 0) | (1 << p), mem[j]))
+    return waits
+
+
+def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
+    """Which computations of ``plan`` (in plan order, frees skipped) wait for another in the partial
+    order (:func:`partial_waits`)."""
+    return [bool(w) for w in partial_waits(graph, plan)]
 
 
 ORDERS = ("auto", "total", "partial", "none")
@@ -313,7 +473,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     """Emit the GraphDef that executes ``schedule.plan`` (see the module docstring).
 
     ``order``: ``"total"`` anchors every computation on the plan step before it; ``"partial"`` only
-    what memory needs (:func:`partial_anchors`); ``"none"`` nothing (the plain step's graph when
+    on what memory needs (:func:`partial_waits`); ``"none"`` nothing (the plain step's graph when
     nothing is recomputed; with recomputations TF may run them early or merge them back, and the
     step peaks near the plain one); ``"auto"`` (default): ``"none"`` for a schedule that recomputes
     nothing, else ``"partial"``.
@@ -332,6 +492,10 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     source = lowered.function.graph.as_graph_def()
     by_name = {nd.name: nd for nd in source.node}
     _check_lowered(lowered, by_name)
+    # (before copy 0's ops are rewired in place below)
+    costs = [float(nd.cost) for nd in graph.nodes]
+    plain_path = critical_path(source.node, {op: (i, 0) for i, ops in enumerate(lowered.node_ops) for op in ops},
+                               {(i, 0): costs[i] for i in range(graph.n)})
     # Copy 0 is rewired in place below; every copy is wired from the untouched original inputs.
     original_inputs = {nd.name: tuple(nd.input) for nd in source.node}
     op_node = lowered.op_node
@@ -347,11 +511,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     prev_sinks: list[str] = []
     warnings: list[str] = []
     emitted = 0
-    anchors = partial_anchors(graph, schedule.plan) if order == "partial" else None
-    position_of: dict[int, int] = {}                 # node -> plan position of its current copy
-    # partial order: the computations since the last anchored one (itself included), with their sink
-    # ops and whether a later computation reads them (then that reader orders them already)
-    window: list[list] = []
+    waits = partial_waits(graph, schedule.plan) if order == "partial" else None
+    sinks_of: list[list[str]] = []                   # plan position -> sink ops of that computation
     gates: list = []
     # variables the step writes (optimizer updates, BatchNorm statistics, dropout seeds): a read of one
     # must stay where it is, so it is never a gate (a later read would see the written value)
@@ -395,11 +556,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         if order == "total":
             anchor_sinks = prev_sinks
         elif order == "partial":
-            reads = {position_of[d] for d in graph.deps[i] if d in position_of}
-            for entry in window:
-                if entry[0] in reads:
-                    entry[2] = True
-            anchor_sinks = [s for entry in window if not entry[2] for s in entry[1]] if anchors[c] else []
+            anchor_sinks = [s for q in waits[c] for s in sinks_of[q]]
         else:
             anchor_sinks = []
         k = copies[i]
@@ -534,13 +691,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
             emitted += 1
         copy_ops[(i, k)] = tuple(names[op] for op in node_ops[i])
         prev_sinks = [names[op] for op in node_ops[i] if op not in consumed_inside]
-        if anchors is not None:
-            entry = [c, prev_sinks, False]
-            if anchors[c]:
-                window = [entry]
-            else:
-                window.append(entry)
-        position_of[i] = c
+        sinks_of.append(prev_sinks)
         current[i] = k
         resident.add(i)
 
@@ -567,6 +718,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     result.library.CopyFrom(source.library)
     result.node.extend(out_nodes)
     capture_names = tuple(internal.op.name for _, internal in lowered.function.graph.captures)
+    path = critical_path(out_nodes, {op: key for key, ops in copy_ops.items() for op in ops},
+                         {key: costs[key[0]] for key in copy_ops})
     return RewrittenGraph(
         graph_def=result,
         copies=tuple(copies),
@@ -576,7 +729,10 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         feed_names=tuple(lowered.input_names) + tuple(lowered.label_names) + capture_names,
         warnings=tuple(warnings),
         order=order,
-        anchored={"none": 0, "total": max(0, c), "partial": sum(anchors or ())}[order],
+        anchored={"none": 0, "total": max(0, c), "partial": sum(bool(w) for w in waits or ())}[order],
+        critical_path_cost=path,
+        plain_critical_path_cost=plain_path,
+        total_cost=float(sum(costs[key[0]] for key in copy_ops)),
     )
 
 

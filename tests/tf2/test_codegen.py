@@ -26,7 +26,7 @@ from checkmate.solvers.baselines import checkpoint_all_schedule  # noqa: E402
 from checkmate.tf2 import _compat  # noqa: E402
 from checkmate.tf2.codegen import _DONE_SUFFIX as DONE_SUFFIX  # noqa: E402
 from checkmate.tf2.codegen import _GATE_SUFFIX as GATE_SUFFIX  # noqa: E402
-from checkmate.tf2.codegen import generate, partial_anchors, rewrite_graph_def  # noqa: E402
+from checkmate.tf2.codegen import generate, partial_anchors, partial_waits, rewrite_graph_def  # noqa: E402
 from checkmate.tf2.lowering import lower  # noqa: E402
 from checkmate.tf2.memory import measure_peak_memory  # noqa: E402
 from checkmate.tf2.step import predicted_step_peak  # noqa: E402
@@ -475,24 +475,54 @@ def _diamond(out_mem):
     return graph, plan
 
 
-def test_partial_order_anchors_a_computation_only_where_running_early_exceeds_the_plan_peak():
+def test_partial_order_waits_only_where_running_beside_another_exceeds_the_plan_peak():
     # plan memory 4, 5, 9, (8), 9, (5), 5 + out: d (1 byte) run beside c (plan memory 9) is 10 bytes
-    graph, plan = _diamond(out_mem=1)        # plan peak 9: d early would exceed it
-    # e too: b, freed after c, may be freed late if c runs late (6 + 4 > 9 counts a, which d frees)
-    assert partial_anchors(graph, plan) == [False, False, False, True, True]
-    graph, plan = _diamond(out_mem=8)        # plan peak 13 (at e): d early stays under it
-    # e, once d ran early, could start while the plan still holds d (9 + 8 > 13): anchored
-    assert partial_anchors(graph, plan) == [False, False, False, False, True]
+    graph, plan = _diamond(out_mem=1)        # plan peak 9: d waits for c, and for nothing else
+    assert partial_waits(graph, plan) == [(), (), (), (2,), ()]
+    assert partial_anchors(graph, plan) == [False, False, False, True, False]
+    # e reads c and d: every consumer of a and b (b, c, d) has run, so both frees are done without a wait
+    graph, plan = _diamond(out_mem=8)        # plan peak 13 (at e): d beside c stays under it
+    assert partial_waits(graph, plan) == [(), (), (), (), ()]
+
+
+def test_partial_order_waits_for_the_consumers_of_late_frees_it_needs():
+    # a -> b, a -> c, a -> d, (b, c, d) -> e; a 4, b 4, c 1, d 1 bytes; the plan frees b after computing
+    # c, and computes d (1 byte) at the plan's peak of 10 (a 4, c 1, d 1, e 4 with b gone)
+    nodes = [Node(0, "a", 1.0, 4), Node(1, "b", 1.0, 4), Node(2, "c", 1.0, 1), Node(3, "d", 1.0, 1),
+             Node(4, "e", 1.0, 4, output=True)]
+    graph = Graph(nodes, [(0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)])
+    # with b read only by e, the plan must hold it until e: every position stays within the peak
+    plan = [("compute", 0), ("compute", 1), ("compute", 2), ("compute", 3), ("compute", 4)]
+    assert partial_waits(graph, plan) == [(), (), (), (), ()]
+    # b -> x -> e instead: the plan frees b once x (4 bytes) has run; y (4 bytes), placed after that
+    # free at the peak, must wait for x (the consumer of b)
+    nodes = [Node(0, "a", 1.0, 2), Node(1, "b", 1.0, 4), Node(2, "x", 1.0, 4), Node(3, "c", 1.0, 1),
+             Node(4, "y", 1.0, 4), Node(5, "e", 1.0, 1, output=True)]
+    graph = Graph(nodes, [(0, 1), (1, 2), (0, 3), (0, 4), (2, 5), (3, 5), (4, 5)])
+    plan = [("compute", 0), ("compute", 1), ("compute", 2), ("free", 1), ("compute", 3), ("compute", 4),
+            ("free", 0), ("compute", 5)]
+    # memory 2, 6, 10, (6), 7, 11 (peak), (9), 10; y beside b and x would be 2 + 4 + 4 + 4 = 14
+    # and for c: c may run before x, while b is still live (7 + 4), and the bound at c's moment does
+    # not know that y, if it ran then, would have freed b (it counts both: 15 > 11)
+    waits = partial_waits(graph, plan)
+    assert waits == [(), (), (), (), (2, 3), ()], waits
+    # with more room (a peak of 15 elsewhere: e of 6 bytes), y waits for nothing
+    graph = Graph(nodes[:5] + [Node(5, "e", 1.0, 6, output=True)], graph.edges)
+    assert partial_waits(graph, plan)[4] == ()
 
 
 def test_partial_order_anchors_every_recomputation():
     graph, _ = _diamond(out_mem=8)
     plan = [("compute", 0), ("compute", 1), ("free", 0), ("compute", 2), ("free", 1), ("compute", 0),
             ("compute", 3), ("free", 0), ("compute", 4)]
-    # the second computation of a is anchored though its inputs (none) exist from the start and the
-    # plan's peak would allow it; d, reading that copy, needs no anchor of its own (e does: a, freed
-    # after d, may be freed late, and 13 + 4 exceeds the plan's peak)
-    assert partial_anchors(graph, plan) == [False, False, False, True, False, True]
+    # the second computation of a waits though its inputs (none) exist from the start and the plan's
+    # peak would allow it beside anything: on a computation after a's first copy that it does not
+    # read (b, the one that ends first), so that its control input differs from the first copy's; c
+    # reads b already, so the wait goes on c (an anchor on a value another computation reads could
+    # keep Grappler from fusing the two)
+    waits = partial_waits(graph, plan)
+    assert waits == [(), (), (), (2,), (), ()]
+    assert partial_anchors(graph, plan) == [False, False, False, True, False, False]
 
 
 def _as_backward(graph, first_backward):
@@ -506,12 +536,16 @@ def test_partial_order_counts_a_backward_computations_workspace():
     graph, plan = _diamond(out_mem=8)
     assert partial_anchors(graph, plan)[3] is False
     assert partial_anchors(_as_backward(graph, 3), plan)[3] is False
-    # d of 3 bytes, peak 12 (at e): beside c (9) its value fits (12), value and workspace do not (15)
+    # d of 3 bytes, plan memory 4, 5, 9, (8), 11, (7), 12 (at e). As a forward computation: peak 12,
+    # and beside c (9) its value fits (12). As the only backward one: its workspace at its own moment
+    # makes the peak 14, and beside c value and workspace do not fit (15): it waits for c
     nodes = [Node(nd.id, nd.name, nd.cost, 3 if nd.id == 3 else nd.mem, output=nd.output)
              for nd in _diamond(out_mem=5)[0].nodes]
     graph = Graph(nodes, _diamond(out_mem=5)[0].edges)
-    assert partial_anchors(graph, plan)[3] is False
-    assert partial_anchors(_as_backward(graph, 3), plan)[3] is True
+    assert partial_waits(graph, plan)[3] == ()
+    backward_d = Graph([Node(nd.id, nd.name, nd.cost, nd.mem, backward=nd.id == 3, output=nd.output)
+                        for nd in graph.nodes], graph.edges)
+    assert partial_waits(backward_d, plan)[3] == (2,)
 
 
 def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
@@ -546,7 +580,9 @@ def test_partial_order_is_a_subset_of_the_total_one_and_keeps_copies_apart():
     def count(rewritten):
         return sum(t.startswith("^") for nd in rewritten.graph_def.node for t in nd.input)
 
-    assert count(partial) < count(total)
+    assert partial.critical_path_cost < total.critical_path_cost
+    assert partial.critical_path_cost >= partial.plain_critical_path_cost
+    assert total.critical_path_cost == pytest.approx(total.total_cost)     # one chain
     assert not all(anchors) and any(anchors)
     assert (partial.order, partial.anchored) == ("partial", sum(anchors))
     assert (total.order, total.anchored) == ("total", len(computes) - 1)
