@@ -1038,9 +1038,11 @@ TUNED_CONSTANTS = [
      "the flat MILP in 300 s: GPT-2 2.748x, ViT 1.308x; `solver_quality.md`)."),
     ("`order=\"auto\"` (`tf2/codegen.py`)", "`\"partial\"` for a plan that recomputes",
      "`experiments/step_order.py`, 21 repeats, the same plan in each order, CPU time total / partial: "
-     "transformer 70% 1.138x / 1.073x, 50% 1.204x / 1.149x; residual MLP 1.161x / 1.143x, 1.119x / 1.080x; "
-     "U-Net 70% 1.246x / 1.247x; residual CNN 1.242x / 1.236x, 1.295x / 1.341x (wall time: partial faster "
-     "on 4 of 7). Peaks of both orders within 0.7 MiB of each other on every plan."),
+     "transformer 70% 1.148x / 1.092x, 50% 1.226x / 1.192x; residual MLP 1.085x / 0.991x, 1.171x / 1.126x; "
+     "U-Net 1.230x / 1.153x, 1.401x / 1.314x; residual CNN 1.155x / 1.109x, 1.316x / 1.313x (wall time: "
+     "partial faster on 6 of 8); critical path over the plain step's 1.01-1.72 against 1.36-2.02. Peaks of "
+     "both orders within 0.8 MiB of each other on every plan; NASNetMobile and InceptionV3 at 70% of their "
+     "activations: CPU 1.244x / 1.034x and 1.284x / 1.186x (`step_order_applications.md`)."),
     ("`BACKWARD_WORKSPACE_FACTOR` (`tf2/codegen.py`)", "1",
      "The same plans in one process, 21 interleaved repeats, wall / CPU, every backward computation "
      "anchored against backward computations checked with their value plus this much again: transformer "
