@@ -65,9 +65,6 @@ AUTO_TARGET_GAP = 0.02
 # replays O(n^2) cells for a few candidates: beyond, it rarely finishes in a compile's time limit.
 # Measured: experiments/results/README.md, section i.
 AUTO_DROP_START_MAX_NODES = 500
-# Before a flat MILP, the schedule dropped from checkpoint-all is refined for at most this share of the
-# time left: the MILP keeps most of it, and starts from the refined schedule.
-DROP_REFINE_SHARE = 0.3
 # The fallback is not started with less time left than this.
 AUTO_FALLBACK_MIN_SECONDS = 5.0
 # The baselines that form the floor (the budget-aware ones search their whole family for the budget);
@@ -113,9 +110,9 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     def attempt(name: str, opts: "SolveOptions", until: float | None = None) -> None:
         extra = {}
         if name == "checkmate_milp" and results:
-            # the best schedule so far (often a repaired and refined one where every baseline refuses)
-            # is the MIP start: without it branch and bound on ~150-node transformer graphs found
-            # nothing better in a first plan's time limit
+            # the best schedule so far (a repaired one where every baseline refuses) is an incumbent:
+            # without it the MILP starts from its own roundings, which on GPT-2's graph at 50% were
+            # still at 2.09x after 600 s, against 1.43x repaired and refined
             cost, source, found = min(results, key=lambda r: r[0])
             with no_deadline():
                 start_candidate = evaluate(graph, found.schedule, source)
@@ -180,7 +177,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     left = None if deadline is None else max(deadline - reserve - time.perf_counter(), 1.0)
     dropped_from: list[str] = []      # "checkpoint_all" once the drops from it have run
 
-    def drop_from_checkpoint_all(before_main: bool = False) -> None:
+    def drop_from_checkpoint_all() -> None:
         """Long skips and dense concatenations: drops of holds at the peak, cheapest per byte, from
         checkpoint-all (the repair above) land far closer to the bound than the structured strategies
         and, under a time limit, the flat MILP. Run when no schedule is within the target gap yet."""
@@ -195,16 +192,6 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         _logger.info("auto: no schedule within %.0f%% of the bound: holds dropped from checkpoint-all",
                      100 * AUTO_TARGET_GAP)
         dropped = _repair(graph, budget_bytes, [], [], until)
-        if dropped is not None and before_main:
-            # refined now, so that the flat MILP that follows starts from it: dropped holds overshoot (a
-            # small long-skip U-Net at 60%: 1.22x dropped, 1.07x refined in a second); the refinement at
-            # the end still runs on the best
-            left_s = None if until is None else until - time.perf_counter()
-            refine_until = time.perf_counter() + (REFINE_MAX_S if left_s is None else
-                                                  min(REFINE_MAX_S, DROP_REFINE_SHARE * left_s))
-            refined = _refine(graph, budget_bytes, dropped[2], dropped[0], refine_until)
-            if refined is not None:
-                dropped = (refined[0], dropped[1], refined[1])
         if dropped is not None and dropped[0] < min((r[0] for r in results), default=math.inf):
             results.append(dropped)
             _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", dropped[2].status,
@@ -213,14 +200,14 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     if best_floor is None or best_floor[0] > graph.total_cost * (1 + 1e-12):
         if main == "checkmate_milp" and graph.n >= AUTO_HIERARCHICAL_FIRST_MIN_NODES:
             attempt("hierarchical", replace(options, time_limit_s=left))
-            drop_from_checkpoint_all(before_main=True)
+            drop_from_checkpoint_all()
             left = None if deadline is None else deadline - reserve - time.perf_counter()
             if (_short_of_target(graph, results, "hierarchical") and _short_of_bound(graph, budget_bytes, results)
                     and (left is None or left >= AUTO_FALLBACK_MIN_SECONDS)):
                 attempt(main, replace(options, time_limit_s=left))
         elif main == "hierarchical":
             attempt(main, replace(options, time_limit_s=left))
-            drop_from_checkpoint_all(before_main=graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES)
+            drop_from_checkpoint_all()
         else:
             attempt(main, replace(options, time_limit_s=left))
         if (main == "hierarchical" and graph.n <= AUTO_FLAT_FALLBACK_MAX_NODES and _short_of_target(graph, results, main)
