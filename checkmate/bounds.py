@@ -162,11 +162,18 @@ def drop_holds_unread_by(graph: "Graph", retain: np.ndarray, recompute: np.ndarr
 COMBINED_BOUND_MAX_NONZEROS = 4_000_000
 
 
-def _moments(graph: "Graph", budget_bytes: int) -> tuple[list[np.ndarray], list[float]] | None:
+def _moments(graph: "Graph", budget_bytes: int
+             ) -> tuple[list[np.ndarray], list[float], list[np.ndarray]] | None:
     """For each moment a node first runs at which holding every value still needed exceeds the budget:
-    the values that may be dropped then (recomputable, still read by a later node) and the excess bytes
-    that must be dropped. None when some moment cannot fit even with every droppable value dropped."""
+    the values that may be dropped then (recomputable, still read by a later node), the excess bytes
+    that must be dropped, and each droppable value's *window* there (see :func:`_combined_extra`): a
+    column number, one per value and span between two consecutive first-time readers of it. None when
+    some moment cannot fit even with every droppable value dropped."""
     n = graph.n
+    # value v's windows are numbered from window_start[v]: window j spans from its j-th first-time
+    # reader (its own computation for j = 0) to the next; readers_before[v] counts v's readers < t
+    window_start = np.concatenate([[0], np.cumsum([len(u) + 1 for u in graph.users])[:-1]]).astype(np.int64)
+    readers_before = np.zeros(n, dtype=np.int64)
     mem = graph.mem.astype(np.int64)
     last_reader = np.array([max(users) if users else -1 for users in graph.users], dtype=np.int64)
     output = graph.output
@@ -174,7 +181,11 @@ def _moments(graph: "Graph", budget_bytes: int) -> tuple[list[np.ndarray], list[
     outputs_before = np.concatenate([[0], np.cumsum(np.where(output, mem, 0))])
     droppables: list[np.ndarray] = []
     excesses: list[float] = []
+    windows: list[np.ndarray] = []
     for t in range(1, n):
+        prev_inputs = list(graph.deps[t - 1])
+        if prev_inputs:
+            readers_before[prev_inputs] += 1
         inputs = list(graph.deps[t])
         held_fixed = int(graph.fixed_mem) + int(mem[t]) + int(mem[inputs].sum()) + int(outputs_before[t])
         held_fixed -= int(mem[[d for d in inputs if output[d]]].sum())   # an input that is an output counts once
@@ -190,7 +201,8 @@ def _moments(graph: "Graph", budget_bytes: int) -> tuple[list[np.ndarray], list[
             return None   # nothing fits: the budget is below what this moment needs
         droppables.append(droppable)
         excesses.append(float(excess))
-    return droppables, excesses
+        windows.append(window_start[droppable] + readers_before[droppable])
+    return droppables, excesses, windows
 
 
 def _knapsack_extra(graph: "Graph", droppable: np.ndarray, excess: float) -> float:
@@ -206,16 +218,24 @@ def _knapsack_extra(graph: "Graph", droppable: np.ndarray, excess: float) -> flo
     return float(costs[:whole].sum()) + float(costs[whole]) * (excess - before) / float(sizes[whole])
 
 
-def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[float]) -> float:
+def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[float],
+                    windows: list[np.ndarray] | None = None) -> float:
     """A lower bound on the recomputation every moment forces together (0 when it cannot be computed).
 
-    Let ``x[v]`` be 1 when value ``v`` is computed more than once, else 0. A value dropped at any
-    moment (not resident then, still read later) is computed again after it, so every moment ``m``
-    needs ``sum(mem[v] * x[v] for v droppable at m) >= excess[m]``, and the recomputation costs at least
-    ``sum(cost[v] * x[v])``. A value dropped at several moments is counted once, as one computation
-    after the last of them serves them all: that is why the moments can be combined, and why the
-    programme ``min cost @ x`` subject to those rows, ``0 <= x <= 1``, bounds every schedule's
-    recomputation from below (its optimum is at most the cost of any schedule's own ``x``).
+    A value ``v`` read for the first time by nodes ``r_1 < r_2 < ... < r_k`` has the *windows*
+    ``(v, r_1], (r_1, r_2], ..., (r_{k-1}, r_k]`` (by the first-time runs of those nodes). At a moment
+    ``t`` inside window ``j`` with ``v`` not resident, ``v`` is computed again after ``t`` and before
+    ``r_{j+1}`` first runs, so within window ``j``; computations in different windows are different
+    computations. Let ``x[v, j]`` be 1 when ``v`` is computed again within window ``j``. Every moment
+    ``m`` needs ``sum(mem[v] * x[v, j(v, m)] for v droppable at m) >= excess[m]``, and the recomputation
+    costs at least ``sum(cost[v] * x[v, j])``. Moments within one window share its column (one
+    computation after the last of them serves them all): that is why the moments can be combined,
+    and why the programme ``min cost @ x`` subject to those rows, ``0 <= x <= 1``, bounds every
+    schedule's recomputation from below (its optimum is at most the cost of any schedule's own ``x``).
+    A value dropped both before and after one of its readers is paid for twice: on transformer layers
+    (attention scores and feed-forward values read again in the backward pass) this is most of the
+    bound's gain over one column per value. ``windows=None``: one column per value (the weaker
+    programme, whatever the window).
 
     The bound returned is not the solver's optimum but a value checked here by weak duality: for any
     ``y >= 0`` (one multiplier per row, HiGHS' duals clipped at 0) and ``z = max(0, A^T y - cost)``,
@@ -231,12 +251,19 @@ def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list
     except ImportError:  # pragma: no cover - scipy is a dependency of the solvers
         return 0.0
     rows = np.repeat(np.arange(len(droppables)), [len(d) for d in droppables])
-    cols = np.concatenate(droppables)
+    values_of = np.concatenate(droppables)
+    if windows is None:
+        cols, column_value = values_of, np.arange(graph.n)
+    else:
+        # only the windows some moment uses become columns
+        used, cols = np.unique(np.concatenate(windows), return_inverse=True)
+        column_value = np.empty(len(used), dtype=np.int64)
+        column_value[cols] = values_of
     excess = np.asarray(excesses, dtype=np.float64)
     # each row divided by its excess: coefficients of order one, the right-hand sides all 1
-    values = graph.mem[cols].astype(np.float64) / excess[rows]
-    A = sp.csr_matrix((values, (rows, cols)), shape=(len(droppables), graph.n))
-    cost = graph.cost.astype(np.float64)
+    values = graph.mem[values_of].astype(np.float64) / excess[rows]
+    A = sp.csr_matrix((values, (rows, cols)), shape=(len(droppables), len(column_value)))
+    cost = graph.cost[column_value].astype(np.float64)
     res = linprog(cost, A_ub=-A, b_ub=-np.ones(len(droppables)), bounds=(0.0, 1.0), method="highs")
     if res.status != 0 or res.ineqlin is None:
         return 0.0
@@ -255,16 +282,17 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int) -> float:
     bytes by which holding all of them would exceed the budget, and the cheapest way to do that is
     bounded below by the fractional knapsack (drop values in increasing cost per byte, the last one
     in part). Each moment gives a valid bound. The moments together give another
-    (:func:`_combined_extra`: a linear programme over which values are computed again, checked by its
-    dual). The result is ``sum(cost)`` plus the larger of the worst moment's and the combined one.
-    Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst in array operations,
-    and one linear programme of ``n`` columns and a row per moment that needs drops.
+    (:func:`_combined_extra`: a linear programme over which values are computed again between which
+    two of their readers, checked by its dual). The result is ``sum(cost)`` plus the larger of the
+    worst moment's and the combined one. Non-recomputable values cannot be dropped. Costs
+    ``O(n^2 log n)`` at worst in array operations, and one linear programme of at most ``n + edges``
+    columns and a row per moment that needs drops.
     """
     base = float(graph.cost.sum())
     found = _moments(graph, budget_bytes)
     if found is None:
         return math.inf
-    droppables, excesses = found
+    droppables, excesses, windows = found
     check_deadline()
     single = max((_knapsack_extra(graph, d, e) for d, e in zip(droppables, excesses)), default=0.0)
-    return base + max(single, _combined_extra(graph, droppables, excesses))
+    return base + max(single, _combined_extra(graph, droppables, excesses, windows))

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from checkmate.bounds import checkpoint_all_peak, largest_working_set_bytes
 from checkmate.errors import InfeasibleBudgetError, SolverError
 from checkmate.solvers.backends import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, get_backend
 from checkmate.solvers.bracket import infeasible_error
+from checkmate.solvers.candidates import Candidate
 from checkmate.solvers.progress import SolveProgress, progress_wanted
 from checkmate.solvers.race import CP_LABEL
 from checkmate.solvers.rounding import round_relaxation
@@ -64,7 +65,8 @@ def _verdict_status(gap: float | None, res, proven_by_lp: bool, race_proved: boo
     return f"{res.message}, {within}"
 
 
-def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> StrategyOutput:
+def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions, *,
+                   starts: Sequence[Candidate] = ()) -> StrategyOutput:
     """Solve the MILP; return the cheapest replayed schedule that fits, with the proven lower bound.
 
     Order of work: the baselines give a first incumbent; the LP relaxation gives a bound, and its
@@ -91,7 +93,7 @@ def checkmate_milp(graph: "Graph", budget_bytes: int, options: SolveOptions) -> 
     label = solver_label(get_backend(options.solver))
     with SolveProgress(progress_wanted(options.progress), "checkmate_milp") as progress:
         try:
-            run = solve_staged(graph, budget_bytes, options, progress=progress)
+            run = solve_staged(graph, budget_bytes, options, progress=progress, starts=starts)
         except ProvenInfeasible as why:
             progress.phase("no schedule fits: searching the minimum feasible budget")
             error = infeasible_error(graph, budget_bytes, options, "checkmate_milp", deadline, str(why))

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from checkmate.bounds import largest_working_set_bytes
 from checkmate.errors import SolverError
@@ -126,7 +126,7 @@ def proof_abs_gap_cost(form: CheckmateFormulation) -> float | None:
 # ---------------------------------------------------------------------------------- the driver
 def solve_staged(graph: "Graph", budget_bytes: int, options: SolveOptions, *, progress: SolveProgress | None = None,
                  cutoff: float | None = None, target: float | None = None,
-                 stop: Callable[[], bool] | None = None) -> StagedResult:
+                 stop: Callable[[], bool] | None = None, starts: Sequence[Candidate] = ()) -> StagedResult:
     """Run the stages (see the module docstring) until one answers, within ``options.time_limit_s``.
 
     Without hooks the solve ends once the best schedule is within ``options.mip_gap`` of the proven
@@ -140,6 +140,10 @@ def solve_staged(graph: "Graph", budget_bytes: int, options: SolveOptions, *, pr
     rounding and the local search run here, then starts from the best rounding; HiGHS runs on one
     thread, the first proof of optimality ends both, and the child is closed whatever happens.
 
+    ``starts``: replayed schedules found elsewhere (a caller's repaired or refined schedule); those
+    within the budget join the baselines' as incumbents, so the local search and branch and bound
+    start from the best of them.
+
     Raises :class:`ProvenInfeasible` when the LP or the MILP proves that nothing fits and no schedule
     contradicts it, :class:`SolverError` when the solver fails or a proof is contradicted.
     """
@@ -151,7 +155,7 @@ def solve_staged(graph: "Graph", budget_bytes: int, options: SolveOptions, *, pr
     race = None if cutoff is not None or target is not None else start_race(graph, budget_bytes, options, backend)
     try:
         return _run_stages(graph, budget_bytes, options, backend, race,
-                           SolveProgress(False, "") if progress is None else progress, cutoff, target, stop)
+                           SolveProgress(False, "") if progress is None else progress, cutoff, target, stop, starts)
     finally:
         if race is not None:
             race.close()
@@ -159,11 +163,12 @@ def solve_staged(graph: "Graph", budget_bytes: int, options: SolveOptions, *, pr
 
 def _run_stages(graph: "Graph", budget_bytes: int, options: SolveOptions, backend: Backend,
                 race: CpSatChild | None, progress: SolveProgress, cutoff: float | None, target: float | None,
-                stop: Callable[[], bool] | None) -> StagedResult:
+                stop: Callable[[], bool] | None, starts: Sequence[Candidate] = ()) -> StagedResult:
     deadline = deadline_of(options)
     label = solver_label(backend)
     progress.phase("building the model")
     pool = [c for c in baseline_candidates(graph, budget_bytes, options) if c.peak_bytes <= budget_bytes]
+    pool += [c for c in starts if c.peak_bytes <= budget_bytes]
     bound = None
     lp_solved = False
 

@@ -1,0 +1,92 @@
+"""Solver quality on the shapes that defeat structured strategies (tests/quality_graphs.py): a
+transformer whose attention scores and feed-forward values dwarf the rest, a U-Net whose encoder
+outputs are concatenated into the decoder, DenseNet blocks. The strategies agree, ``auto`` stays within
+the target gap of a proven bound where it reaches it, and the flat MILP starts from ``auto``'s best."""
+
+from __future__ import annotations
+
+import pytest
+
+import checkmate
+import checkmate.solvers.milp as milp_module
+from checkmate.bounds import checkpoint_all_schedule, cost_lower_bound
+from checkmate.solvers import parse_budget
+from checkmate.solvers.auto import AUTO_HIERARCHICAL_FIRST_MIN_NODES
+from checkmate.solvers.candidates import evaluate
+from checkmate.solvers.rounding import improve_by_holding, repair_to_budget
+from checkmate.solvers.staged import solve_staged
+from checkmate.solvers.types import MilpOptions, SolveOptions, relative_gap
+
+from cases import assert_valid_schedule
+from quality_graphs import dense_blocks, long_skip_unet, mini_transformer
+
+
+def _start(graph, budget):
+    """Holds dropped from checkpoint-all until it fits, then recomputations traded back for holds."""
+    dropped = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    assert dropped is not None and dropped.peak_bytes <= budget
+    return improve_by_holding(graph, dropped, budget)
+
+
+def test_staged_driver_keeps_a_start_it_is_given():
+    graph = mini_transformer()
+    budget = parse_budget("30%", graph)
+    start = _start(graph, budget)
+    # no LP, no local search, one second of branch and bound: the start is what it has
+    options = SolveOptions(time_limit_s=1.0, milp=MilpOptions(root_lp=False, improve_start=False, race=False))
+    run = solve_staged(graph, budget, options, starts=[start])
+    assert run.best is not None and run.best.cost <= start.cost * (1 + 1e-12)
+    assert_valid_schedule(graph, run.best.schedule, budget)
+    # a start above the budget is not an incumbent
+    over = evaluate(graph, checkpoint_all_schedule(graph), "checkpoint_all")
+    run = solve_staged(graph, budget, options, starts=[over])
+    assert run.best is None or run.best.peak_bytes <= budget
+
+
+def test_auto_hands_its_best_schedule_to_the_flat_milp(monkeypatch):
+    graph = mini_transformer()
+    assert graph.n < AUTO_HIERARCHICAL_FIRST_MIN_NODES       # the flat MILP is auto's main strategy here
+    budget = parse_budget("30%", graph)
+    floor = checkmate.solve(graph, budget, strategy="chen_greedy").compute_cost   # the floor fits
+    seen = []
+    original = milp_module.checkmate_milp
+
+    def recording(g, b, options, *, starts=()):
+        seen.append([c.cost for c in starts])
+        return original(g, b, options, starts=starts)
+
+    monkeypatch.setattr(milp_module, "checkmate_milp", recording)
+    r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=10)
+    assert_valid_schedule(graph, r.schedule, budget)
+    assert seen and seen[0], "the flat MILP ran without a start"
+    assert min(seen[0]) <= floor * (1 + 1e-12)                 # the best of the floor's schedules
+    assert r.compute_cost <= min(seen[0]) * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("make, pct", [(mini_transformer, "50%"), (mini_transformer, "40%"),
+                                       (dense_blocks, "50%"), (dense_blocks, "45%")])
+def test_auto_is_within_the_target_gap_of_a_proven_bound(make, pct):
+    graph = make()
+    budget = parse_budget(pct, graph)
+    r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=10)
+    assert_valid_schedule(graph, r.schedule, budget)
+    assert r.lower_bound >= cost_lower_bound(graph, budget) * (1 - 1e-12)
+    assert r.lower_bound <= r.compute_cost * (1 + 1e-12)
+    assert relative_gap(r.compute_cost, r.lower_bound) <= 0.02, r.status
+
+
+def test_strategies_agree_on_a_long_skip_unet():
+    # auto is not yet within the target gap here (the flat MILP under 10 s stops 6-12% above its bound
+    # at 50-60%): its schedule is valid, no worse than holds dropped from checkpoint-all, and its bound is below the MILP's
+    # schedule and above the first-run bound
+    graph = long_skip_unet()
+    budget = parse_budget("60%", graph)
+    r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=10)
+    assert_valid_schedule(graph, r.schedule, budget)
+    milp = checkmate.solve(graph, budget, strategy="checkmate_milp", time_limit_s=10)
+    assert_valid_schedule(graph, milp.schedule, budget)
+    # every baseline refuses this budget; holds dropped from checkpoint-all meet it
+    dropped = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    assert r.compute_cost <= dropped.cost * (1 + 1e-12)
+    assert cost_lower_bound(graph, budget) * (1 - 1e-12) <= r.lower_bound <= milp.compute_cost * (1 + 1e-12)
+    assert milp.lower_bound <= r.compute_cost * (1 + 1e-12)
