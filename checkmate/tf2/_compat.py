@@ -173,6 +173,15 @@ def has_compiled_metrics(model: object) -> bool:
                                         getattr(metrics, "_user_weighted_metrics", None))
 
 
+def drop_empty_compiled_metrics(model: object) -> None:
+    """Remove the empty ``CompileMetrics`` that ``compile(metrics=[])`` or ``weighted_metrics=[]``
+    leaves (Keras 3.15: ``Trainer._compile_metrics``). Keras' own train step builds it on its first
+    ``compute_metrics`` call, where it reports nothing; a step that computes no metrics never builds
+    it, and ``get_metrics_result`` then fails on it ("the metric has not yet been built")."""
+    if getattr(model, "_compile_metrics", None) is not None and not has_compiled_metrics(model):
+        model._compile_metrics = None
+
+
 def keras_compiled_loss(model: object):
     """The ``CompileLoss`` that ``compile`` built from its ``loss`` (Keras 3.0-3.15:
     ``Trainer._compile_loss``; ``fit`` builds its structure, a loss tracker per output, before the

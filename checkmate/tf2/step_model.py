@@ -78,6 +78,7 @@ class CompiledStepModel(StepTrainer):
         kwargs["auto_scale_loss"] = False   # the step's optimizer is the one its gradients were traced for
         # Keras' own compile: RematModel.compile would drop the step
         result = keras.Model.compile(self, optimizer=self.step.optimizer, **kwargs)
+        _compat.drop_empty_compiled_metrics(self)     # compile(metrics=[]): nothing to report, as in Keras
         self._adopt_step()
         return result
 

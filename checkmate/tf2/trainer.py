@@ -333,8 +333,11 @@ class StepTrainer(keras.Model):
         _loss_weight_lookup(kwargs.get("loss_weights"), self.inner)
         self._steps = {}
         self._main_batch = None
-        return super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
-                               **kwargs)
+        result = super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
+                                 **kwargs)
+        # empty metric lists (KerasHub's examples pass weighted_metrics=[]) report nothing in Keras' fit
+        _compat.drop_empty_compiled_metrics(self)
+        return result
 
     def compile_from_config(self, config: dict) -> None:
         # Keras calls this (not compile()) when it loads a model whose compile() is its own

@@ -205,6 +205,8 @@ def test_a_compiled_steps_keras_model_reports_metrics_saves_and_names_a_short_ba
     trainer = step.keras_model()
     assert isinstance(trainer, checkmate.tf2.keras_model.CompiledStepModel)
     assert type(checkmate.tf2.RematModel(step)) is checkmate.tf2.keras_model.CompiledStepModel
+    trainer.compile(metrics=[])                  # an empty list reports the loss alone, as in Keras
+    assert set(trainer.fit(x, y, epochs=1, verbose=0).history) == {"loss"}
     trainer.compile(metrics=["accuracy"])
     history = trainer.fit(x, y, epochs=1, verbose=0).history
     assert set(history) == {"loss", "accuracy"}

@@ -172,6 +172,20 @@ def test_a_compiled_model_lends_its_compile_arguments():
     np.testing.assert_allclose(got["sparse_categorical_accuracy"], want["sparse_categorical_accuracy"])
 
 
+def test_empty_metric_lists_train_as_keras():
+    """``compile(metrics=[], weighted_metrics=[])`` (as KerasHub's examples write it) reports the loss
+    alone, as Keras' fit does; the empty compiled metrics, which Keras builds in its own train step,
+    do not stop the first batch."""
+    x, y = token_data()
+    want, got, _ = fit_both(token_model, lambda: dict(optimizer=keras.optimizers.SGD(0.5), loss=LOSS, metrics=[],
+                                                       weighted_metrics=[]), x=x, y=y, batch_size=BATCH)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    model = token_model()
+    model.compile(keras.optimizers.SGD(0.5), LOSS, weighted_metrics=[], jit_compile=False)
+    history = checkmate.tf2.RematModel(model, **OPTIONS).fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    assert set(history) == {"loss"}
+
+
 def test_row_weights_take_each_output_labels_rank():
     w = tf.constant([1.0, 2.0])
     assert losses.row_weights_as(w, tf.zeros((2, 5, 7))).shape == (2, 1, 1)
