@@ -67,11 +67,17 @@ def _hub():
     return keras_hub
 
 
-def gpt2():
+def _causal_lm(family: str):
+    """A KerasHub ``<family>CausalLM`` on a small random-init ``<family>Backbone`` (2 layers, 4 heads)."""
     hub = _hub()
-    backbone = hub.models.GPT2Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
-                                       intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
-    return hub.models.GPT2CausalLM(backbone=backbone, preprocessor=None)
+    backbone = getattr(hub.models, f"{family}Backbone")(
+        vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN, intermediate_dim=4 * HIDDEN,
+        max_sequence_length=SEQUENCE)
+    return getattr(hub.models, f"{family}CausalLM")(backbone=backbone, preprocessor=None)
+
+
+def gpt2():
+    return _causal_lm("GPT2")
 
 
 def llama():
@@ -114,10 +120,7 @@ def albert():
 
 
 def opt():
-    hub = _hub()
-    backbone = hub.models.OPTBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
-                                      intermediate_dim=4 * HIDDEN, max_sequence_length=SEQUENCE)
-    return hub.models.OPTCausalLM(backbone=backbone, preprocessor=None)
+    return _causal_lm("OPT")
 
 
 def qwen():
