@@ -168,6 +168,7 @@ def test_auto_is_exact_on_small_graphs_and_never_worse_than_the_baselines():
             pass
 
 
+@pytest.mark.slow  # the run at the named minimum searches up to solve's default limit: 5-8 minutes of one core
 def test_auto_names_a_minimum_at_which_it_succeeds():
     graph = synthetic.resnet(40)
     with pytest.raises(InfeasibleBudgetError) as info:
