@@ -127,13 +127,15 @@ COLUMNS = [("model", "model"), ("budget", "budget"), ("predicted", "predicted ov
            ("order", "order")]
 
 
-def write_markdown(path: Path, rows: list[dict], command: str, steps: int, repeats: int) -> None:
+def write_markdown(path: Path, rows: list[dict], command: str, steps: int, repeats: int,
+                   commit: str | None = None) -> None:
     shown = [{**row, "predicted": f"{row['predicted_overhead']:.3f}x ({row['recomputations']} recomputations)",
               **{part: f"{row[f'{part}_wall_ratio']:.3f}x / {row[f'{part}_cpu_ratio']:.3f}x" for part in PARTS[:3]},
               "seconds": f"{row['fit_plain_wall_s']} / {row['fit_remat_wall_s']}"} for row in rows]
     path.write_text(
         "# Where RematModel's epoch time goes, against plain Keras fit\n\n"
-        f"Command: `{command}`\n\nRatios RematModel / plain of the median of {repeats} interleaved runs of "
+        f"Command: `{command}`" + (f" (commit {commit})" if commit else "")
+        + f"\n\nRatios RematModel / plain of the median of {repeats} interleaved runs of "
         f"{steps} batches each, wall time / process CPU time.\n\n" + markdown_table(shown, COLUMNS) + "\n")
 
 
@@ -151,6 +153,7 @@ def main(argv=None) -> int:
 
     started = time.perf_counter()
     command = ("python experiments/epoch_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    commit = rw.source_commit()
     rows = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         if name not in rw.MODELS:
@@ -159,8 +162,9 @@ def main(argv=None) -> int:
             rows.append(run(name, budget, args.repeats, args.steps))
             # written after each run, so that a long run leaves what it has measured
             write_csv(args.out / f"{args.name}.csv", rows, FIELDS)
-            write_markdown(args.out / f"{args.name}.md", rows, command, args.steps, args.repeats)
-    write_meta(args.out / f"{args.name}.meta.json", "default", started=started)
+            write_markdown(args.out / f"{args.name}.md", rows, command, args.steps, args.repeats, commit)
+    write_meta(args.out / f"{args.name}.meta.json", "default", started=started,
+               extra={"commit": commit} if commit else None)
     return 0
 
 
