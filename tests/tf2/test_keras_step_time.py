@@ -90,3 +90,31 @@ def test_first_epoch_reports_a_real_interleaved_measurement_beside_the_predictio
     for before, v in zip(spy.weights_after_epoch, trainer.inner.variables):
         np.testing.assert_array_equal(v.numpy(), before)
     assert f"measured {measured.ratio:.3f}x the plain step" in step.summary()
+
+
+def test_epochs_and_fit_calls_after_the_first_trace_nothing_again():
+    """An epoch costs the step and no tracing: the train function is traced once per batch shape, not
+    per epoch or per ``fit`` call (a fit timed epoch by epoch pays no first-epoch cost again)."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((24, 12)).astype("float32")
+    y = rng.integers(0, 5, (24,)).astype("int32")
+    trainer = checkmate.tf2.RematModel(mlp(), budget="100%", strategy="checkpoint_all",
+                                       compile_options={"cost_model": "flops"})
+    trainer.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    traced = []
+    own = trainer.train_step
+
+    def counted(data):
+        # runs only while the train function is traced
+        traced.append(tuple(int(d) for d in tf.nest.flatten(data)[0].shape))
+        return own(data)
+
+    trainer.train_step = counted
+    trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert traced == [(8, 12)]
+    step = trainer.compiled_step()
+    trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert traced == [(8, 12)] and trainer.compiled_step() is step
+    # a short last batch is padded to the compiled step (no batch statistics): one trace of its shape
+    trainer.fit(x[:20], y[:20], batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert traced == [(8, 12), (4, 12)] and set(trainer.compiled_steps) == {8}
