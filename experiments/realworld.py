@@ -324,7 +324,26 @@ COLUMNS = [("model", "model"), ("budget", "budget"), ("nodes", "nodes"), ("level
            ("epoch", "epoch / plain fit"), ("epoch_cpu", "epoch CPU time / plain fit")]
 
 
-def write_markdown(path: Path, rows: list[dict], command: str) -> None:
+def source_commit() -> str | None:
+    """The commit of the checkout this script runs from, and whether its code was edited since
+    (``None`` outside a git checkout)."""
+    import subprocess
+
+    def git(*args):
+        return subprocess.run(["git", "-C", str(HERE.parent), *args], capture_output=True, text=True, timeout=10)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0 or not head.stdout.strip():
+            return None
+        # the package or the scripts edited since: the results are not that commit's alone
+        dirty = git("diff", "--quiet", "HEAD", "--", "checkmate", "experiments").returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + (" with uncommitted changes" if dirty else "")
+
+
+def write_markdown(path: Path, rows: list[dict], command: str, commit: str | None = None) -> None:
     shown = []
     for row in rows:
         shown.append({**row, "compile": fmt_seconds(row["compile_seconds"]),
@@ -336,7 +355,10 @@ def write_markdown(path: Path, rows: list[dict], command: str) -> None:
                       "epoch_cpu": f"{fmt_ratio(row.get('epoch_cpu_over_plain'), 3)} ({row['epoch_cpu_seconds']} s vs "
                                    f"{row['plain_epoch_cpu_seconds']} s)"})
     path.write_text("# Real models through RematModel with a budget only\n\n"
-                    f"Command: `{command}`\n\n" + markdown_table(shown, COLUMNS) + "\n")
+                    f"Command: `{command}`" + (f" (commit {commit})" if commit else "") + "\n\n"
+                    "Epoch times: the median of the timed epochs of each, interleaved; the CPU time is the process's, "
+                    "which other jobs on a shared machine disturb less than the wall time.\n\n"
+                    + markdown_table(shown, COLUMNS) + "\n")
 
 
 def main(argv=None) -> int:
@@ -350,6 +372,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     started = time.perf_counter()
     command = ("python experiments/realworld.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    commit = source_commit()
     rows = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         if name not in MODELS:
@@ -357,8 +380,9 @@ def main(argv=None) -> int:
         rows.append(run_model(name, args.epochs, args.steps, args.time_limit))
         # written after each model, so that a long run leaves what it has measured
         write_csv(args.out / f"{args.name}.csv", rows, FIELDS)
-        write_markdown(args.out / f"{args.name}.md", rows, command)
-    write_meta(args.out / f"{args.name}.meta.json", "default", started=started)
+        write_markdown(args.out / f"{args.name}.md", rows, command, commit)
+    write_meta(args.out / f"{args.name}.meta.json", "default", started=started,
+               extra={"commit": commit} if commit else None)
     return 0
 
 

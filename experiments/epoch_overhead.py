@@ -1,0 +1,172 @@
+"""Where an epoch of ``RematModel.fit`` spends its time beyond plain Keras ``fit``: the step, or the trainer.
+
+For each model (the KerasHub and keras.applications models of ``realworld.py``, same sizes, batch 8)
+and each budget, a ``RematModel`` and a plain twin from the same weights are timed, all of the
+following interleaved in one process (each round starts one further on), median of ``--repeats``,
+in wall time and in the process's CPU time (which other jobs on a shared machine disturb less):
+
+* ``fit``: one epoch of ``fit`` (``--steps`` batches) of each, as ``realworld.py`` times it;
+* ``train function``: each model's train function called ``--steps`` times on a ``tf.data``
+  iterator (what ``fit`` calls per batch, without its per-epoch setup and callbacks);
+* ``step``: the compiled step's gradients against the plain traced step's (no optimizer, no
+  metrics), ``--steps`` calls each on one batch: what the predicted overhead predicts;
+* ``train``: the compiled step with its optimizer update, called eagerly ``--steps`` times (the
+  train function without Keras' metrics and data).
+
+The budget ``checkpoint_all`` (100%, nothing recomputed: the generated step is the plain step's
+graph) isolates the trainer: its epoch should cost what plain ``fit`` costs. ``default`` is the
+budget ``realworld.py`` trains the model at (50% of checkpoint-all for transformers, 50% of the
+activations for image models), any other value is passed to ``RematModel`` as it is.
+
+Writes experiments/results/epoch_overhead.csv and epoch_overhead.md.
+
+    python experiments/epoch_overhead.py                                   # gpt2, bert, vit (~20 min)
+    python experiments/epoch_overhead.py --models gpt2 --budgets checkpoint_all --repeats 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from common import RESULTS, markdown_table, write_csv, write_meta  # noqa: E402
+
+PARTS = ("fit", "train_function", "step", "train")
+FIELDS = (["model", "budget", "strategy", "predicted_overhead", "recomputations", "order"]
+          + [f"{part}_{side}_{unit}" for part in PARTS[:3] for side in ("plain", "remat") for unit in ("wall_s", "cpu_s")]
+          + ["train_remat_wall_s", "train_remat_cpu_s"]
+          + [f"{part}_{unit}_ratio" for part in PARTS[:3] for unit in ("wall", "cpu")])
+
+
+def run(name: str, budget: str, repeats: int, steps: int) -> dict:
+    import numpy as np
+    import tensorflow as tf
+
+    import checkmate.tf2
+    import realworld as rw
+
+    plain, other, kind = rw.twins(name)
+    if budget == "checkpoint_all":
+        # nothing recomputed; the plan is the same under any cost model, FLOPs skip the profiling
+        trainer = checkmate.tf2.RematModel(other, budget="100%", strategy="checkpoint_all",
+                                           compile_options={"cost_model": "flops"})
+    else:
+        given = rw.BUDGETS.get(name, "50%" if kind in rw.TRANSFORMERS else "50% activations") \
+            if budget == "default" else budget
+        trainer = checkmate.tf2.RematModel(other, budget=given)
+    if checkmate.tf2.losses.compile_arguments_of(other) is not None:
+        trainer.compile()
+    else:
+        trainer.compile(other.optimizer, other.loss)
+    x, y = rw.batches(kind, steps, image=getattr(rw.MODELS[name][0], "image_size", rw.IMAGE))
+    for model in (plain, trainer):
+        # traced, compiled, and (RematModel) its step measured after this first epoch: all left out
+        model.fit(x, y, batch_size=rw.BATCH, epochs=1, shuffle=False, verbose=0)
+    step = trainer.compiled_step()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(rw.BATCH).repeat()
+    plain_batches, remat_batches = iter(dataset), iter(dataset)
+    first = tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:rw.BATCH]), (x, y))
+    flat = step.function.flat_args(first[0], (first[1], tf.ones((rw.BATCH,), tf.float32)))
+
+    def wait(out):
+        tf.nest.flatten(out)[0].numpy()
+
+    def repeated(fn, *args):
+        def go():
+            for _ in range(steps):
+                out = fn(*args)
+            wait(out)
+        return go
+
+    fns = {
+        "fit_plain": lambda: plain.fit(x, y, batch_size=rw.BATCH, epochs=1, shuffle=False, verbose=0),
+        "fit_remat": lambda: trainer.fit(x, y, batch_size=rw.BATCH, epochs=1, shuffle=False, verbose=0),
+        "train_function_plain": repeated(plain.train_function, plain_batches),
+        "train_function_remat": repeated(trainer.train_function, remat_batches),
+        "step_plain": repeated(step.lowered.function, *flat),
+        "step_remat": repeated(step.function.call_flat, *flat),
+        "train_remat": repeated(step.train_flat_with_predictions, *flat),
+    }
+    for fn in fns.values():
+        fn()
+    names = list(fns)
+    wall: dict = {k: [] for k in names}
+    cpu: dict = {k: [] for k in names}
+    for r in range(repeats):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t, c = time.perf_counter(), time.process_time()
+            fns[k]()
+            wall[k].append(time.perf_counter() - t)
+            cpu[k].append(time.process_time() - c)
+    median = lambda v: round(float(np.median(v)), 4)
+    row = {"model": name, "budget": budget if budget != "default" else given, "strategy": step.strategy,
+           "predicted_overhead": round(step.predicted.overhead, 4), "recomputations": step.predicted.recompute_count,
+           "order": step.function.rewritten.describe_order()}
+    for k in names:
+        row[f"{k}_wall_s"] = median(wall[k])
+        row[f"{k}_cpu_s"] = median(cpu[k])
+    for part in PARTS[:3]:
+        for unit in ("wall", "cpu"):
+            row[f"{part}_{unit}_ratio"] = round(row[f"{part}_remat_{unit}_s"] / row[f"{part}_plain_{unit}_s"], 3)
+    print(row, flush=True)
+    return row
+
+
+COLUMNS = [("model", "model"), ("budget", "budget"), ("predicted", "predicted overhead"),
+           ("fit", "epoch (fit) wall / CPU"), ("train_function", "train function wall / CPU"),
+           ("step", "step gradients wall / CPU"), ("seconds", "epoch s, plain / remat (wall)"),
+           ("order", "order")]
+
+
+def write_markdown(path: Path, rows: list[dict], command: str, steps: int, repeats: int,
+                   commit: str | None = None) -> None:
+    shown = [{**row, "predicted": f"{row['predicted_overhead']:.3f}x ({row['recomputations']} recomputations)",
+              **{part: f"{row[f'{part}_wall_ratio']:.3f}x / {row[f'{part}_cpu_ratio']:.3f}x" for part in PARTS[:3]},
+              "seconds": f"{row['fit_plain_wall_s']} / {row['fit_remat_wall_s']}"} for row in rows]
+    path.write_text(
+        "# Where RematModel's epoch time goes, against plain Keras fit\n\n"
+        f"Command: `{command}`" + (f" (commit {commit})" if commit else "")
+        + f"\n\nRatios RematModel / plain of the median of {repeats} interleaved runs of "
+        f"{steps} batches each, wall time / process CPU time.\n\n" + markdown_table(shown, COLUMNS) + "\n")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="gpt2,bert,vit", help="models of realworld.py, comma-separated")
+    p.add_argument("--budgets", default="checkpoint_all,default",
+                   help="comma-separated: checkpoint_all (100%%, nothing recomputed), default (realworld.py's), or a budget")
+    p.add_argument("--repeats", type=int, default=9, help="interleaved rounds (medians)")
+    p.add_argument("--steps", type=int, default=6, help="batches per timed run")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--name", default="epoch_overhead", help="file stem of the results")
+    args = p.parse_args(argv)
+    import realworld as rw
+
+    started = time.perf_counter()
+    command = ("python experiments/epoch_overhead.py " + " ".join(sys.argv[1:] if argv is None else argv)).strip()
+    commit = rw.source_commit()
+    rows = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        if name not in rw.MODELS:
+            p.error(f"unknown model {name!r}: one of {', '.join(rw.MODELS)}")
+        for budget in [b.strip() for b in args.budgets.split(",") if b.strip()]:
+            rows.append(run(name, budget, args.repeats, args.steps))
+            # written after each run, so that a long run leaves what it has measured
+            write_csv(args.out / f"{args.name}.csv", rows, FIELDS)
+            write_markdown(args.out / f"{args.name}.md", rows, command, args.steps, args.repeats, commit)
+    write_meta(args.out / f"{args.name}.meta.json", "default", started=started,
+               extra={"commit": commit} if commit else None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
