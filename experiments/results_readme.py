@@ -992,6 +992,13 @@ TUNED_CONSTANTS = [
      "20 s (600 s: 1.0901x; 10 s: 1.2334x); a 432-node ViT 1.0710x in 12 s (the full solve: the same in "
      "16 s); an 848-node ViT 1.0764x in 18 s (1.0664x in 53 s). `experiments/first_batch.py --blocks 16`: "
      "first batch 27 s after `fit` started, cold caches."),
+    ("`FIRST_PLAN_MAX_TIME_LIMIT_S` (`tf2/keras_model.py`)", "60 s",
+     "RematModel's limit beyond 160 nodes is 20 s per 160 nodes, up to this. keras.applications ResNet50 "
+     "(64x64, batch 8, 654 nodes, `\"50% activations\"`, profiled costs) on two cores shared with four other "
+     "TensorFlow jobs (load average 8): `auto` with 20 s returned the Griewank baseline refined, 1.268x (the "
+     "hierarchical plan had none within its share); with 60 s it returned the hierarchical plan, 1.019x, "
+     "within 1.24% of the bound, after 27 s: `checkmate solve experiments/results/graphs/real/resnet50_profiled.json "
+     "--budget 208844980 --time-limit 20` (then 60): 1.2597x, 20.3 s against 1.0190x, 27.8 s."),
     ("`MENU_TIME_FRACTION` (`solvers/hierarchical.py`)", "0.5",
      "432-node 16-block ViT at 50%: groups of up to 2 segments 1.087x in 0.7 s, 3: 1.0794x in 1.5 s, "
      "4: 1.0716x in 2.2 s, 8: 1.0710x in 17.4 s."),

@@ -41,13 +41,29 @@ from checkmate.tf2.trainer import (BATCH_STATISTICS_LAYERS, PARTIAL_BATCHES, Ste
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "check_budget_form", "PARTIAL_BATCHES", "FIRST_PLAN_TIME_LIMIT_S", "BATCH_STATISTICS_LAYERS",
+__all__ = ["RematModel", "CompiledStepModel", "check_no_custom_train_step", "check_budget_form", "PARTIAL_BATCHES", "FIRST_PLAN_TIME_LIMIT_S", "FIRST_PLAN_MAX_TIME_LIMIT_S",
+           "first_plan_time_limit_s", "BATCH_STATISTICS_LAYERS",
            "has_batch_statistics"]
 
 _log = logging.getLogger("checkmate.tf2")
-# RematModel's solve time limit: the first batch waits for it, and longer limits bought little.
-# Measured: experiments/results/README.md, section i.
+# RematModel's solve time limit on graphs of the flat MILP's size: the first batch waits for it, and
+# longer limits bought little. Measured: experiments/results/README.md, section i.
 FIRST_PLAN_TIME_LIMIT_S = 20.0
+# Larger graphs get the limit in proportion to their nodes, up to this: the hierarchical plan needs
+# CPU time in proportion to its segments before it has any plan at all, and auto returns as soon as
+# its plan is close to the bound. On two cores shared with other work, ResNet50's 654 nodes got no
+# hierarchical plan in 20 s (the Griewank baseline's 1.268x instead) and the 1.019x plan in 27 s.
+# Measured: experiments/results/README.md, section i.
+FIRST_PLAN_MAX_TIME_LIMIT_S = 60.0
+
+
+def first_plan_time_limit_s(nodes: int) -> float:
+    """RematModel's solve time limit for a lowered graph of ``nodes`` nodes: :data:`FIRST_PLAN_TIME_LIMIT_S`
+    up to the flat MILP's size, then in proportion to the nodes, at most :data:`FIRST_PLAN_MAX_TIME_LIMIT_S`."""
+    from checkmate.solvers.auto import AUTO_MILP_MAX_NODES
+
+    scaled = FIRST_PLAN_TIME_LIMIT_S * max(int(nodes), 1) / AUTO_MILP_MAX_NODES
+    return float(min(FIRST_PLAN_MAX_TIME_LIMIT_S, max(FIRST_PLAN_TIME_LIMIT_S, scaled)))
 # Where the status line cannot be rewritten in place (a log file), a new line at most this often.
 STATUS_LOG_EVERY_S = 10.0
 
@@ -165,8 +181,9 @@ class RematModel(StepTrainer):
     ``RematModel(model, budget=..., strategy=..., compile_options=...)``: ``compile`` takes an optimizer,
     a loss (any ``keras.Model.compile`` loss) and metrics as in Keras, and the first training batch
     compiles the step (:func:`checkmate.tf2.compile` with ``budget``, ``strategy`` and
-    ``compile_options``) for that batch size, solving within :data:`FIRST_PLAN_TIME_LIMIT_S` unless
-    ``compile_options`` gives a ``time_limit_s``. It shares the model's layers and variables: ``fit`` trains the original model.
+    ``compile_options``) for that batch size, solving within :func:`first_plan_time_limit_s` of the
+    lowered graph's size (20 s up to 160 nodes, at most 60 s) unless ``compile_options`` gives a
+    ``time_limit_s``. It shares the model's layers and variables: ``fit`` trains the original model.
     Inference (``predict``, ``__call__``, ``evaluate``, ``export``) runs the model unchanged.
 
     - Sample weights and ``class_weight`` are honoured (an input of the compiled step).
@@ -234,7 +251,7 @@ class RematModel(StepTrainer):
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), losses.weight_spec(sample_weight, batch))
         options = dict(self.compile_options)
-        options.setdefault("time_limit_s", FIRST_PLAN_TIME_LIMIT_S)
+        options.setdefault("time_limit_s", first_plan_time_limit_s)   # resolved once the graph is lowered
         # training metrics and, for several outputs, each output's loss are computed as Keras does, from
         # the training forward pass's predictions
         options.setdefault("predictions", _compat.has_compiled_metrics(self) or self._several_outputs())

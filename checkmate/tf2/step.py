@@ -510,7 +510,7 @@ def _measured_step_peak(step: "CompiledStep", device: str) -> int:
 
 
 def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, *, budget: Any = "auto",
-                    strategy: str = "auto", solver: str | None = None, time_limit_s: float | None = None,
+                    strategy: str = "auto", solver: str | None = None, time_limit_s: Any = None,
                     device: str | None = None, allocator_headroom: float = ALLOCATOR_HEADROOM_FRACTION,
                     verify_peak: bool = True, plan: Any = None, schedule_cache: Any = None,
                     **solve_options: Any) -> CompiledStep:
@@ -545,6 +545,10 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
     # the plans after the first share VERIFY_EXTRA_SOLVE_SHARE of one solve's limit between them, so
     # that checking a byte budget adds a bounded time to the compile
+    if callable(time_limit_s):
+        # a limit that depends on the graph's size (RematModel's), known only now that it is lowered
+        time_limit_s = float(time_limit_s(lowered.graph.n))
+        _log.info("solve time limit for %d nodes: %.0f s", lowered.graph.n, time_limit_s)
     one_limit_s = COMPILE_TIME_LIMIT_S if time_limit_s is None else float(time_limit_s)
     extra_deadline = [None]
 
@@ -668,7 +672,7 @@ def compile_lowered(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any
 
 def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: Any, *, budget: Any = "auto",
             strategy: str = "auto", solver: str | None = None, level: str = "auto",
-            gradient_nodes: bool = True, time_limit_s: float | None = None, cost_model: str = "profile",
+            gradient_nodes: bool = True, time_limit_s: Any = None, cost_model: str = "profile",
             device: str | None = None, verbose: bool | int = False, predictions: bool = False,
             fused_batch_norm: bool = False, plan: Any = None, schedule_cache: Any = None,
             **solve_options: Any) -> CompiledStep:
@@ -695,6 +699,7 @@ def compile(model: Any, loss: Any, optimizer: Any, input_spec: Any, label_spec: 
         graphs, the hierarchical strategy on large ones, never worse than the best baseline;
         ``time_limit_s=None`` means :data:`COMPILE_TIME_LIMIT_S` for the solve, so that compiling a
         model stays within a few minutes (:func:`checkmate.solve` alone defaults to ten minutes).
+        A callable is given the lowered graph's node count and returns the limit in seconds.
     level:
         ``"auto"`` (default), ``"layer"`` or ``"op"`` granularity of the graph. ``"auto"`` looks
         inside nested models and composite layers (a KerasHub task's backbone, its transformer

@@ -1,0 +1,89 @@
+"""RematModel's solve time limit follows the lowered graph's size: the flat MILP's graphs keep the
+short first-plan limit, larger graphs (where the hierarchical plan needs CPU time in proportion to its
+segments before it has any plan) get more, up to a cap; a limit given in compile_options wins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import checkmate  # noqa: E402
+from checkmate.solvers.auto import AUTO_MILP_MAX_NODES  # noqa: E402
+from checkmate.tf2 import step as step_module  # noqa: E402
+from checkmate.tf2.keras_model import (FIRST_PLAN_MAX_TIME_LIMIT_S, FIRST_PLAN_TIME_LIMIT_S,  # noqa: E402
+                                       first_plan_time_limit_s)
+
+
+def test_the_limit_grows_with_the_graph_beyond_the_flat_milp_up_to_its_cap():
+    assert first_plan_time_limit_s(10) == FIRST_PLAN_TIME_LIMIT_S
+    assert first_plan_time_limit_s(AUTO_MILP_MAX_NODES) == FIRST_PLAN_TIME_LIMIT_S
+    sizes = [AUTO_MILP_MAX_NODES + 1, 2 * AUTO_MILP_MAX_NODES, 654, 2621, 100_000]
+    limits = [first_plan_time_limit_s(n) for n in sizes]
+    assert limits == sorted(limits)
+    assert FIRST_PLAN_TIME_LIMIT_S < limits[0] < limits[1] < FIRST_PLAN_MAX_TIME_LIMIT_S
+    assert limits[1] == pytest.approx(2 * FIRST_PLAN_TIME_LIMIT_S)
+    assert limits[-1] == FIRST_PLAN_MAX_TIME_LIMIT_S
+
+
+def _mlp() -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12,))
+    h = inputs
+    for k in range(4):
+        h = keras.layers.Dense(16, activation="relu", name=f"d{k}")(h)
+    return keras.Model(inputs, keras.layers.Dense(3, name="head")(h))
+
+
+def _limits_seen(monkeypatch, **remat_kwargs):
+    seen = []
+    real = step_module.solve_or_reuse
+
+    def recording(graph, budget_bytes, **kwargs):
+        seen.append((graph.n, kwargs.get("time_limit_s")))
+        return real(graph, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(step_module, "solve_or_reuse", recording)
+    trainer = checkmate.tf2.RematModel(_mlp(), budget="100%", strategy="checkpoint_all", **remat_kwargs)
+    trainer.compile(keras.optimizers.SGD(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(0)
+    trainer.fit(rng.standard_normal((8, 12)).astype("float32"), rng.integers(0, 3, (8,)), batch_size=8,
+                epochs=1, verbose=0)
+    assert seen
+    return seen
+
+
+def test_rematmodel_solves_within_the_limit_for_its_lowered_graph(monkeypatch):
+    import checkmate.solvers.auto as auto_module
+
+    # the test model's graph counts as a large one: its limit is above the short first-plan limit
+    monkeypatch.setattr(auto_module, "AUTO_MILP_MAX_NODES", 4)
+    nodes, limit = _limits_seen(monkeypatch)[0]
+    assert isinstance(limit, float)
+    assert limit == first_plan_time_limit_s(nodes) > FIRST_PLAN_TIME_LIMIT_S
+
+
+def test_a_limit_in_compile_options_wins(monkeypatch):
+    nodes, limit = _limits_seen(monkeypatch, compile_options={"time_limit_s": 7.0})[0]
+    assert limit == 7.0
+
+
+def test_compile_takes_a_limit_that_depends_on_the_graph(monkeypatch):
+    calls = []
+    seen = []
+    real = step_module.solve_or_reuse
+
+    def recording(graph, budget_bytes, **kwargs):
+        seen.append(kwargs.get("time_limit_s"))
+        return real(graph, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(step_module, "solve_or_reuse", recording)
+    model = _mlp()
+    checkmate.tf2.compile(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          keras.optimizers.SGD(0.01), tf.TensorSpec((8, 12)), tf.TensorSpec((8,), tf.int32),
+                          budget="100%", strategy="checkpoint_all", cost_model="flops",
+                          time_limit_s=lambda n: calls.append(n) or 3.0 + n)
+    assert len(calls) == 1 and calls[0] > 0
+    assert seen[0] == 3.0 + calls[0]
