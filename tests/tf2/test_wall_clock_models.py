@@ -48,3 +48,29 @@ def test_the_flat_model_and_the_forward_pass_share_their_layers():
     np.testing.assert_allclose(forward(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
     wrapped = forward(x, wrap=tf.recompute_grad)
     np.testing.assert_allclose(wrapped.numpy(), model(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_interleaved_peaks_measure_every_step_in_turn():
+    calls = []
+
+    def step(rows):
+        @tf.function
+        def fn(x):
+            calls.append(rows)      # traced once; the count below is of runs
+            return tf.reduce_sum(tf.tile(x, [rows, 1]) * 2.0)
+        return fn
+
+    small, large = step(64), step(512)
+    counted = {"small": 0, "large": 0}
+
+    def count(name, fn):
+        def run(x):
+            counted[name] += 1
+            return fn(x)
+        return run
+
+    x = tf.ones((64, 1024))
+    peaks = wall_clock.interleaved_peaks([count("small", small), count("large", large)], x, rounds=3)
+    assert counted == {"small": 3, "large": 3}
+    # the tiled copy (and its product) of 64 x 1024 floats per row of the multiple
+    assert peaks[1] >= 512 * 64 * 1024 * 4 > peaks[0]
