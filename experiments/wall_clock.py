@@ -13,7 +13,7 @@ step and measured for its step peak (bytes allocated above the parameters and ba
 
 * ``keras.RematScope(mode="activations")`` (the model built inside the scope; in Keras 3 on
   TensorFlow only this mode runs inside a ``tf.function``);
-* ``tf.recompute_grad`` around each block (models made of a chain of blocks);
+* ``tf.recompute_grad`` around each block (the blocks of a chain; the U-Net's residual blocks);
 * ``chen_sqrtn`` (checkmate's baseline, through the same code generator);
 * checkmate at each heuristic's measured step peak (plus the parameters and batch) as its budget.
 
@@ -53,7 +53,7 @@ DEFAULT_BUDGETS = ("100%", "70%", "50%")
 FIELDS = ["model", "nodes", "budget", "strategy", "predicted_overhead", "measured_ratio", "measured_cpu_ratio",
           "ratio_error", "predicted_step_peak_bytes", "measured_step_peak_bytes", "plain_step_peak_bytes",
           "step_ms", "plain_ms", "recomputations", "cost_model", "compile_s", "status"]
-COMPARE_FIELDS = ["model", "method", "budget_bytes", "measured_step_peak_bytes", "plain_step_peak_bytes",
+COMPARE_FIELDS = ["model", "method", "budget_bytes", "measured_step_peak_bytes", "peak_alone_bytes", "plain_step_peak_bytes",
                   "measured_ratio", "measured_cpu_ratio", "predicted_overhead", "step_ms", "plain_ms", "status"]
 
 
@@ -65,12 +65,25 @@ def _keras():
 
 def _seq(*layers_):
     """A block as a function of a tensor, calling ``layers_`` in turn (shared by the functional model
-    and the tf.recompute_grad chain, so both use the same variables)."""
+    and the forward pass that wraps blocks in tf.recompute_grad, so both use the same variables)."""
     def apply(h, training=None):
         for layer in layers_:
             h = layer(h, training=training)
         return h
     return apply
+
+
+def _chain(parts):
+    """A chain of blocks as a forward pass: the first part (stem) and the last (head) run plainly,
+    ``wrap`` (e.g. ``tf.recompute_grad``) goes around every block between them."""
+    def forward(x, training=None, wrap=None):
+        for k, part in enumerate(parts):
+            if wrap is not None and 0 < k < len(parts) - 1:
+                x = wrap(lambda t, p=part: p(t, training=training))(x)
+            else:
+                x = part(x, training=training)
+        return x
+    return forward
 
 
 def _residual(inner, *post):
@@ -104,7 +117,7 @@ def decoder_transformer(batch=8, seq=64, width=64, heads=4, blocks=6, vocab=96):
     chain = ([_seq(layers.Dense(width, name="embed"))] + [block(b) for b in range(blocks)]
              + [_seq(layers.LayerNormalization(name="ln_f"), layers.Dense(vocab, name="logits"))])
     import tensorflow as tf
-    return chain, (tf.TensorSpec((batch, seq, width)), tf.TensorSpec((batch, seq), tf.int32)), vocab
+    return _chain(chain), (tf.TensorSpec((batch, seq, width)), tf.TensorSpec((batch, seq), tf.int32)), vocab
 
 
 def residual_mlp(batch=2048, width=128, blocks=16, classes=10):
@@ -120,7 +133,7 @@ def residual_mlp(batch=2048, width=128, blocks=16, classes=10):
     chain = ([_seq(layers.Dense(width, name="stem"))] + [block(b) for b in range(blocks)]
              + [_seq(layers.Dense(classes, name="logits"))])
     import tensorflow as tf
-    return chain, (tf.TensorSpec((batch, 64)), tf.TensorSpec((batch,), tf.int32)), classes
+    return _chain(chain), (tf.TensorSpec((batch, 64)), tf.TensorSpec((batch,), tf.int32)), classes
 
 
 def residual_cnn(batch=16, size=32, filters=32, blocks=6, classes=10):
@@ -137,69 +150,88 @@ def residual_cnn(batch=16, size=32, filters=32, blocks=6, classes=10):
     chain = ([_seq(layers.Conv2D(filters, 3, padding="same", name="stem"))] + [block(b) for b in range(blocks)]
              + [_seq(layers.GlobalAveragePooling2D(name="gap"), layers.Dense(classes, name="logits"))])
     import tensorflow as tf
-    return chain, (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch,), tf.int32)), classes
+    return _chain(chain), (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch,), tf.int32)), classes
 
 
 def diffusion_unet(batch=4, size=32, base=16, levels=3, classes=3):
     """Diffusion-style U-Net: GroupNorm + SiLU residual conv blocks, downsampling, long skip
-    concatenations into the decoder; per-pixel logits. Not a chain of blocks (no tf.recompute_grad row)."""
+    concatenations into the decoder; per-pixel logits. Not a chain: its blocks are the residual conv
+    blocks, each of which the forward pass can wrap in ``tf.recompute_grad``."""
     keras = _keras()
     layers = keras.layers
     keras.utils.set_random_seed(4)
-    inp = keras.Input((size, size, 3), name="image")
 
-    def res_block(x, ch, name):
-        h = layers.GroupNormalization(groups=4, name=f"{name}_gn1")(x)
-        h = layers.Activation("silu", name=f"{name}_act1")(h)
-        h = layers.Conv2D(ch, 3, padding="same", name=f"{name}_conv1")(h)
-        h = layers.GroupNormalization(groups=4, name=f"{name}_gn2")(h)
-        h = layers.Activation("silu", name=f"{name}_act2")(h)
-        h = layers.Conv2D(ch, 3, padding="same", name=f"{name}_conv2")(h)
-        if x.shape[-1] != ch:
-            x = layers.Conv2D(ch, 1, name=f"{name}_skip")(x)
-        return layers.Add(name=f"{name}_add")([x, h])
+    def res_block(in_ch, ch, name):
+        conv = [layers.GroupNormalization(groups=4, name=f"{name}_gn1"), layers.Activation("silu", name=f"{name}_act1"),
+                layers.Conv2D(ch, 3, padding="same", name=f"{name}_conv1"),
+                layers.GroupNormalization(groups=4, name=f"{name}_gn2"), layers.Activation("silu", name=f"{name}_act2"),
+                layers.Conv2D(ch, 3, padding="same", name=f"{name}_conv2")]
+        skip = layers.Conv2D(ch, 1, name=f"{name}_skip") if in_ch != ch else None
+        add = layers.Add(name=f"{name}_add")
 
-    x = layers.Conv2D(base, 3, padding="same", name="stem")(inp)
-    skips = []
+        def apply(x, training=None):
+            h = _seq(*conv)(x, training=training)
+            return add([skip(x) if skip is not None else x, h])
+        return apply
+
+    # the layers are made once, here, so that the functional model and the wrapped forward pass share them
+    stem = layers.Conv2D(base, 3, padding="same", name="stem")
+    down, pools, channels = [], [], base
     for d in range(levels):
-        x = res_block(x, base * 2 ** d, f"down{d}")
-        skips.append(x)
+        down.append(res_block(channels, base * 2 ** d, f"down{d}"))
+        channels = base * 2 ** d
         if d < levels - 1:
-            x = layers.Conv2D(base * 2 ** d, 3, strides=2, padding="same", name=f"down{d}_pool")(x)
-    x = res_block(x, base * 2 ** (levels - 1), "mid")
+            pools.append(layers.Conv2D(channels, 3, strides=2, padding="same", name=f"down{d}_pool"))
+    mid = res_block(channels, channels, "mid")
+    ups, upsamples, concats = {}, {}, {}
     for d in reversed(range(levels)):
         if d < levels - 1:
-            x = layers.UpSampling2D(name=f"up{d}_upsample")(x)
-        x = layers.Concatenate(name=f"up{d}_concat")([x, skips[d]])
-        x = res_block(x, base * 2 ** d, f"up{d}")
-    x = layers.GroupNormalization(groups=4, name="out_gn")(x)
-    x = layers.Activation("silu", name="out_act")(x)
-    out = layers.Conv2D(classes, 1, name="logits")(x)
+            upsamples[d] = layers.UpSampling2D(name=f"up{d}_upsample")
+        concats[d] = layers.Concatenate(name=f"up{d}_concat")
+        ups[d] = res_block(channels + base * 2 ** d, base * 2 ** d, f"up{d}")
+        channels = base * 2 ** d
+    head = _seq(layers.GroupNormalization(groups=4, name="out_gn"), layers.Activation("silu", name="out_act"),
+                layers.Conv2D(classes, 1, name="logits"))
+
+    def forward(x, training=None, wrap=None):
+        """The U-Net on ``x``; ``wrap`` (e.g. ``tf.recompute_grad``) around each residual block."""
+        def run(block, h):
+            return block(h, training=training) if wrap is None else wrap(lambda t: block(t, training=training))(h)
+
+        x = stem(x)
+        skips = []
+        for d in range(levels):
+            x = run(down[d], x)
+            skips.append(x)
+            if d < levels - 1:
+                x = pools[d](x)
+        x = run(mid, x)
+        for d in reversed(range(levels)):
+            if d < levels - 1:
+                x = upsamples[d](x)
+            x = concats[d]([x, skips[d]])
+            x = run(ups[d], x)
+        return head(x, training=training)
+
     import tensorflow as tf
-    model = keras.Model(inp, out, name="diffusion_unet")
-    return [model], (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch, size, size), tf.int32)), classes
+    return forward, (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch, size, size), tf.int32)), classes
 
 
 MODELS = {"transformer": decoder_transformer, "resmlp": residual_mlp, "unet": diffusion_unet, "cnn": residual_cnn}
 
 
 def build(name: str, remat_scope: bool = False):
-    """(one flat Keras model, its chain of blocks, input spec, label spec, classes). ``remat_scope``:
-    built inside ``keras.RematScope(mode="activations")``."""
+    """(one flat Keras model, its forward pass ``forward(x, training=None, wrap=None)`` over the same
+    layers with ``wrap`` around each block, input spec, label spec, classes). ``remat_scope``: built
+    inside ``keras.RematScope(mode="activations")``."""
     import contextlib
 
     keras = _keras()
     with keras.RematScope(mode="activations") if remat_scope else contextlib.nullcontext():
-        chain, (xs, ys), classes = MODELS[name]()
-        if len(chain) == 1 and isinstance(chain[0], keras.Model):
-            model = chain[0]
-        else:
-            inp = keras.Input(xs.shape[1:])
-            h = inp
-            for part in chain:
-                h = part(h)
-            model = keras.Model(inp, h, name=name)
-    return model, chain, xs, ys, classes
+        forward, (xs, ys), classes = MODELS[name]()
+        inp = keras.Input(xs.shape[1:], name="image" if name == "unet" else None)
+        model = keras.Model(inp, forward(inp), name="diffusion_unet" if name == "unet" else name)
+    return model, forward, xs, ys, classes
 
 
 # ------------------------------------------------------------------------------------------ steps
@@ -207,9 +239,10 @@ def loss_fn():
     return _keras().losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def tape_step(model, loss, recompute_chain=None):
+def tape_step(model, loss, blocks_forward=None):
     """The plain traced step users write (Grappler on): loss and gradients under a GradientTape;
-    ``recompute_chain``: the blocks, each wrapped in ``tf.recompute_grad``."""
+    ``blocks_forward``: the model's forward pass (:func:`build`), run with ``tf.recompute_grad``
+    around each block."""
     import tensorflow as tf
 
     variables = model.trainable_variables
@@ -217,15 +250,10 @@ def tape_step(model, loss, recompute_chain=None):
     @tf.function
     def step(x, y):
         with tf.GradientTape() as tape:
-            if recompute_chain is None:
+            if blocks_forward is None:
                 pred = model(x, training=True)
             else:
-                pred = x
-                for k, part in enumerate(recompute_chain):
-                    # stem and head run plainly; every block's activations are recomputed
-                    wrap = 0 < k < len(recompute_chain) - 1
-                    pred = tf.recompute_grad(lambda t, p=part: p(t, training=True))(pred) if wrap else \
-                        part(pred, training=True)
+                pred = blocks_forward(x, training=True, wrap=tf.recompute_grad)
             value = loss(y, pred)
         return (value, *tape.gradient(value, variables))
 
@@ -242,14 +270,37 @@ def random_batch(xs, ys, classes, seed=0):
     return x, y
 
 
-def step_peak(fn, *args):
-    """The largest step peak of three runs after a warm-up: the BFC allocator's chunks, and with them a
-    measured peak, vary from run to run (one step measured 23.7, 25.2 and 25.2 MiB), and checkmate
-    checks a plan for a byte budget the same way (checkmate.tf2.step.VERIFY_PEAK_REPEATS)."""
+def step_peak(fn, *args, repeats=None):
+    """The largest step peak of ``repeats`` runs (default: three) after a warm-up: the BFC allocator's
+    chunks, and with them a measured peak, vary from run to run (one step measured 23.7, 25.2 and 25.2
+    MiB), and checkmate checks a plan for a byte budget the same way (checkmate.tf2.step.VERIFY_PEAK_REPEATS)."""
     from checkmate.tf2.memory import measure_step
     from checkmate.tf2.step import VERIFY_PEAK_REPEATS
 
-    return int(measure_step(fn, *args, repeats=VERIFY_PEAK_REPEATS, reduce="max").peak_bytes)
+    return int(measure_step(fn, *args, repeats=repeats or VERIFY_PEAK_REPEATS, reduce="max").peak_bytes)
+
+
+# Runs whose largest peak is a method's peak in the comparison. The executor runs whatever is ready,
+# so a step whose recomputations no control edge orders (tf.recompute_grad's) reaches different peaks
+# from run to run: the residual MLP's measured 26.4 to 37.2 MiB over ten runs; three runs miss the high
+# ones, and the budget checkmate gets would depend on luck.
+COMPARE_PEAK_RUNS = 9
+
+
+def interleaved_peaks(fns, *args, rounds: int = COMPARE_PEAK_RUNS) -> list[int]:
+    """The largest step peak of each of ``fns`` over ``rounds`` rounds, one run of each per round (each
+    round starting one function further on). The BFC allocator's chunks depend on the allocation
+    history: a residual MLP plan checked at 26.8 MiB when compiled measured 29.7 MiB (nine runs) after
+    the steps timed before and beside it had run, where a plan for the same budget measured at most
+    25.3 MiB in twenty runs in a process that ran no other step. Measured in turn, every step's peak
+    comes from the same history."""
+    from checkmate.tf2.memory import measure_step
+
+    peaks = [0] * len(fns)
+    for r in range(max(1, rounds)):
+        for k in [(r + j) % len(fns) for j in range(len(fns))]:
+            peaks[k] = max(peaks[k], int(measure_step(fns[k], *args, warmup=0, repeats=1).peak_bytes))
+    return peaks
 
 
 # ------------------------------------------------------------------------------------------ runs
@@ -305,16 +356,20 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
 
     keras = _keras()
     loss = loss_fn()
-    model, chain, xs, ys, classes = build(name)
+    model, forward, xs, ys, classes = build(name)
     x, y = random_batch(xs, ys, classes)
     plain = tape_step(model, loss)
-    plain_peak = step_peak(plain, x, y)
+    plain_peak = step_peak(plain, x, y, repeats=COMPARE_PEAK_RUNS)
     rows = []
+
+    steps = []
 
     def record(method, fn, budget_bytes=None, predicted=None):
         (t, base), (c, cbase) = interleaved_times([fn, plain], x, y, repeats=repeats)
+        alone = step_peak(fn, x, y, repeats=COMPARE_PEAK_RUNS)
+        steps.append(fn)
         row = {"model": name, "method": method, "budget_bytes": budget_bytes,
-               "measured_step_peak_bytes": step_peak(fn, x, y), "plain_step_peak_bytes": plain_peak,
+               "measured_step_peak_bytes": alone, "peak_alone_bytes": alone, "plain_step_peak_bytes": plain_peak,
                "measured_ratio": round(t / base, 4), "measured_cpu_ratio": round(c / cbase, 4),
                "predicted_overhead": None if predicted is None else round(predicted, 4),
                "step_ms": round(t * 1e3, 3), "plain_ms": round(base * 1e3, 3), "status": "ok"}
@@ -328,8 +383,7 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
     scoped, _, _, _, _ = build(name, remat_scope=True)
     scoped.set_weights(model.get_weights())
     heuristics.append(record("keras.RematScope(activations)", tape_step(scoped, loss)))
-    if len(chain) > 2:
-        heuristics.append(record("tf.recompute_grad per block", tape_step(model, loss, recompute_chain=chain)))
+    heuristics.append(record("tf.recompute_grad per block", tape_step(model, loss, blocks_forward=forward)))
     chen = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget="100%", strategy="chen_sqrtn")
     heuristics.append(record("chen_sqrtn", chen.function.call_flat, predicted=chen.predicted.overhead))
     resident = resident_bytes(chen.lowered)
@@ -351,6 +405,14 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
               + ("-" if step.verified_step_peak_bytes is None else f"{step.verified_step_peak_bytes / 2 ** 20:.2f} MiB")
               + f", {step.strategy}: {step.result.status}", flush=True)
         record(method, step.function.call_flat, budget, step.predicted.overhead)
+    # every step's peak again, all of them in turn (the same allocation history): the table's figure
+    peaks = interleaved_peaks([plain, *steps], x, y)
+    measured = [r for r in rows if r.get("status") == "ok"]
+    for row, peak in zip(measured, peaks[1:]):
+        row.update(measured_step_peak_bytes=peak, plain_step_peak_bytes=peaks[0])
+        print(f"{name} {row['method']}: peak {peak / 2 ** 20:.1f} MiB measured in turn with the others "
+              f"({row['peak_alone_bytes'] / 2 ** 20:.1f} MiB after its own timing; plain {peaks[0] / 2 ** 20:.1f})",
+              flush=True)
     return rows
 
 
@@ -387,13 +449,19 @@ def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
             f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {r['compile_s']} |")
     if compare:
         lines += ["", "## Against the heuristics, at the same measured memory", "",
-                  "Checkmate's budget is each heuristic's measured step peak plus the parameters and batch.", "",
-                  "| model | method | measured peak | plain peak | measured | CPU | predicted |", "|---|---|---|---|---|---|---|"]
+                  "Checkmate's budget is each heuristic's measured step peak (after its own timing) plus the "
+                  "parameters and batch. Measured peak: the largest of every step's peaks measured in turn, one "
+                  "run each per round (the same allocation history); after own timing: the largest of the "
+                  "step's runs right after its timing (\"-\" where a run did not record it).", "",
+                  "| model | method | measured peak | after own timing | plain peak | measured | CPU | predicted |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in compare:
             if r.get("status") != "ok":
-                lines.append(f"| {r['model']} | {r['method']} | {r.get('status')} |  |  |  |  |")
+                lines.append(f"| {r['model']} | {r['method']} | {r.get('status')} |  |  |  |  |  |")
                 continue
+            alone = r.get("peak_alone_bytes")
             lines.append(f"| {r['model']} | {r['method']} | {mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
+                         f"{'-' if alone in (None, '') else mib.format(float(alone) / 2 ** 20)} | "
                          f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {_fmt(r['measured_ratio'])} | "
                          f"{_fmt(r['measured_cpu_ratio'])} | {_fmt(r['predicted_overhead'])} |")
     return "\n".join(lines) + "\n"
