@@ -159,11 +159,13 @@ def logged_step_peaks(fn, *args) -> dict:
     with tempfile.TemporaryFile(mode="w+b") as log:
         os.dup2(log.fileno(), 2)
         try:
-            fn(*args)
+            # held until the log is closed: the outputs (parameter gradients) are still allocated at its end
+            out = fn(*args)
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
+        del out
         log.seek(0)
         text = log.read().decode("utf-8", "replace")
     return allocation_peaks(text)

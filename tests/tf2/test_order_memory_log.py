@@ -105,6 +105,7 @@ def test_the_logged_chunk_peak_is_what_the_allocator_measures():
     assert got["tensor_peak_bytes"] > 0, ("no allocation was logged: TF_CPP_VMODULE must be "
                                           f"{MEMORY_LOG_VMODULE!r} when TF starts", got)
     assert got["tensor_peak_bytes"] <= got["chunk_peak_bytes"]
+    assert 0 <= got["kept_chunk_excess_bytes"] <= got["chunk_excess_bytes"]
     assert abs(got["chunk_peak_bytes"] - got["measured"]) <= 0.02 * got["measured"], got
     # the plan's memory model counts the tensors' bytes: the logged asked-for peak is within it
     assert got["tensor_peak_bytes"] <= got["predicted"], got
