@@ -732,7 +732,9 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     Nodes with equal keys are measured once. Results are cached per device under :func:`cache_dir`,
     keyed by the node's op types, attributes, wiring, constant inputs and input shapes and dtypes (a
     node's time alone), and per step (its share); variables the step assigns (BatchNorm statistics,
-    dropout seeds) are restored afterwards.
+    dropout seeds) are restored afterwards. A cached time measured alone where no trace was tried does
+    not price a step that was never traced: the trace measures that node again, and every node the
+    trace times takes the trace's time, cached or not (one step's costs from one run).
 
     ``time_budget_s`` bounds the measuring (None: no bound). The trace takes ``warmup`` step runs
     and three untraced ones, then stops starting traced runs once the budget is spent and three ran:
