@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -315,7 +316,7 @@ def main(argv=None) -> int:
     from checkmate.tf2.profiling import device_description
 
     write_csv(args.out / f"{args.label}.csv", rows, FIELDS)
-    meta = {"command": "python experiments/step_order.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta = {"command": "python experiments/step_order.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "device": device_description(), "seconds": round(time.time() - started, 1),
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
     (args.out / f"{args.label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
