@@ -30,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -45,6 +47,8 @@ from common import write_csv  # noqa: E402
 
 RESULTS = HERE / "results"
 ORDERS = ("total", "partial", "none")
+# with --memory-log, per order and for the plain step: allocation_peaks' figures
+LOG_FIELDS = ("tensor_peak_bytes", "chunk_peak_bytes", "chunk_excess_bytes", "kept_chunk_excess_bytes")
 PREVIOUS = "previous_partial"
 # keras.applications models: (constructor name, image side in pixels); batch 8, 10 classes
 APPLICATIONS = {"nasnet_mobile": ("NASNetMobile", 64), "inception_v3": ("InceptionV3", 75)}
@@ -53,7 +57,8 @@ FIELDS = ["model", "budget", "nodes", "recomputations", "predicted_overhead", "p
                                                  "fused_ops", "critical_path_ratio")] + \
     [f"{PREVIOUS}_{what}" for what in ("wall_ratio", "cpu_ratio", "step_peak_bytes", "control_inputs",
                                         "critical_path_ratio")] + \
-    ["plain_fused_ops", "plain_ms", "status"]
+    ["plain_fused_ops", "plain_ms", "status"] + \
+    [f"{o}_{what}" for o in ("plain", *ORDERS) for what in LOG_FIELDS]
 
 
 def build_application(name: str):
@@ -78,6 +83,95 @@ def load_codegen(path: Path):
     return module
 
 
+# TF's allocation log (``TF_CPP_VMODULE=log_memory=2``, read when TF starts): one line per tensor allocated
+# (the bytes the kernel asked for and the bytes of the allocator's chunk) and per tensor freed.
+MEMORY_LOG_VMODULE = "log_memory=2"
+_ALLOCATION = re.compile(r"MemoryLogTensorAllocation .*?requested_bytes: (\d+) allocated_bytes: (\d+)"
+                         r".*?allocation_id: (\d+)")
+_RAW_ALLOCATION = re.compile(r"MemoryLogRawAllocation .*?num_bytes: (\d+).*?allocation_id: (\d+)")
+_DEALLOCATION = re.compile(r"MemoryLog(?:Tensor|Raw)Deallocation .*?allocation_id: (\d+)")
+
+
+def allocation_peaks(log: str) -> dict:
+    """Peaks of one step from TF's allocation log of that step alone (the lines between its start and
+    end): ``tensor_peak_bytes``, the most bytes the kernels asked for at once (what the plan's memory model
+    predicts), and ``chunk_peak_bytes``, the most bytes of allocator chunks at once (what the allocator's
+    statistics, and so a measured peak, count: the BFC allocator hands a request the whole of a free chunk
+    smaller than twice its size). At the chunk peak, ``chunk_excess_bytes`` is chunks minus asked-for bytes
+    and ``kept_chunk_excess_bytes`` the part of it in tensors still allocated when the step ended (its
+    outputs: the parameter gradients). Tensors allocated before the log starts are not counted, as a
+    measured step peak does not count what was resident when the step started."""
+    live: dict[str, tuple[int, int]] = {}
+    asked = chunks = tensor_peak = chunk_peak = 0
+    at_peak: dict[str, tuple[int, int]] = {}
+    for line in log.splitlines():
+        m = _ALLOCATION.search(line)
+        if m:
+            sizes = (int(m.group(1)), int(m.group(2)))
+            key = m.group(3)
+        else:
+            m = _RAW_ALLOCATION.search(line)
+            if m:      # a kernel's scratch buffer: the log gives the bytes asked for only
+                sizes, key = (int(m.group(1)), int(m.group(1))), "raw" + m.group(2)
+            else:
+                m = _DEALLOCATION.search(line)
+                if m:
+                    for key in (m.group(1), "raw" + m.group(1)):
+                        if key in live:
+                            r, c = live.pop(key)
+                            asked, chunks = asked - r, chunks - c
+                            break
+                continue
+        live[key] = sizes
+        asked, chunks = asked + sizes[0], chunks + sizes[1]
+        tensor_peak = max(tensor_peak, asked)
+        if chunks > chunk_peak:
+            chunk_peak, at_peak = chunks, dict(live)
+    excess = sum(c - r for r, c in at_peak.values())
+    kept = sum(c - r for key, (r, c) in at_peak.items() if key in live)
+    return {"tensor_peak_bytes": tensor_peak, "chunk_peak_bytes": chunk_peak, "chunk_excess_bytes": excess,
+            "kept_chunk_excess_bytes": kept}
+
+
+def start_memory_log() -> None:
+    """Before TF starts: have it log every allocation (on file descriptor 2), and send what it writes there
+    to the null device except while :func:`logged_step_peaks` reads it; Python's own error output goes on
+    to where file descriptor 2 went before."""
+    if "tensorflow" in sys.modules:
+        raise RuntimeError("TF reads TF_CPP_VMODULE when it starts: start the memory log before importing it")
+    os.environ["TF_CPP_VMODULE"] = MEMORY_LOG_VMODULE
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"      # the log's lines are TF's informational messages
+    sys.stderr.flush()
+    sys.stderr = os.fdopen(os.dup(2), "w", buffering=1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    os.close(null)
+
+
+def logged_step_peaks(fn, *args) -> dict:
+    """:func:`allocation_peaks` of one run of ``fn(*args)`` after a warm-up run, read from TF's allocation
+    log, which TF writes to the process's standard error (file descriptor 2): redirected to a temporary
+    file for that run. Needs TF started with ``TF_CPP_VMODULE`` set to :data:`MEMORY_LOG_VMODULE`."""
+    import tempfile
+
+    fn(*args)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            # held until the log is closed: the outputs (parameter gradients) are still allocated at its end
+            out = fn(*args)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+        del out
+        log.seek(0)
+        text = log.read().decode("utf-8", "replace")
+    return allocation_peaks(text)
+
+
 def fused_ops(fn, x, y) -> int:
     """Ops TF ran fused (Grappler's remapper, oneDNN: a matrix product or convolution with its bias add
     and activation) in one fresh run of ``fn``."""
@@ -89,7 +183,8 @@ def control_inputs(fn) -> int:
     return sum(1 for nd in fn.graph_def.node for t in nd.input if t.startswith("^"))
 
 
-def run(name: str, budget: str, repeats: int, time_limit_s: float | None, previous=None) -> dict:
+def run(name: str, budget: str, repeats: int, time_limit_s: float | None, previous=None,
+        memory_log: bool = False) -> dict:
     import keras
     import checkmate.tf2 as ct
     from checkmate.solvers.baselines import checkpoint_all_schedule
@@ -134,6 +229,10 @@ def run(name: str, budget: str, repeats: int, time_limit_s: float | None, previo
                              {op: key for key, ops in fn.rewritten.copy_ops.items() for op in ops},
                              {key: float(step.graph.cost[key[0]]) for key in fn.rewritten.copy_ops})
         row[f"{order}_critical_path_ratio"] = round(path / fns["partial"].rewritten.plain_critical_path_cost, 3)
+    if memory_log:
+        for order, fn in (("plain", plain), *((o, fns[o].call_flat) for o in ORDERS)):
+            peaks = logged_step_peaks(fn, *flat)
+            row.update({f"{order}_{what}": peaks[what] for what in LOG_FIELDS})
     # what the plain step runs: the generated step of a plan that recomputes nothing executes its graph
     row["plain_fused_ops"] = fused_ops(generate(step.lowered, checkpoint_all_schedule(step.graph)), x, y)
     walls, cpus = interleaved_times([*(fn.call_flat for fn in fns.values()), plain], *flat, repeats=repeats)
@@ -170,6 +269,18 @@ def markdown(rows: list[dict], meta: dict) -> str:
                          f"{mib(r[f'{order}_step_peak_bytes'])} | {r[f'{order}_control_inputs']} | "
                          f"{r.get(f'{order}_fused_ops', '-')} ({r.get('plain_fused_ops', '-')}) | "
                          f"{r.get(f'{order}_critical_path_ratio', '-')} |")
+    logged = [r for r in rows if r.get("status") == "ok" and r.get("plain_tensor_peak_bytes") not in (None, "")]
+    if logged:
+        lines += ["", "From TF's allocation log of one run of each step (`--memory-log`), in MiB: `tensors` is the most "
+                  "bytes the kernels asked for at once (what the plan predicts), `chunks` the most bytes of the "
+                  "allocator's chunks at once (what a measured peak counts); at that moment, `excess` is chunks "
+                  "less asked-for bytes and `kept` the part of it in tensors the step returns (parameter "
+                  "gradients).", "",
+                  "| model | budget | peak pred. | step | tensors | chunks | excess | kept |", "|---|---|---|---|---|---|---|---|"]
+        for r in logged:
+            for order in ("plain", *ORDERS):
+                lines.append(f"| {r['model']} | {r['budget']} | {mib(r['predicted_step_peak_bytes'])} | {order} | "
+                             + " | ".join(mib(r[f"{order}_{what}"]) for what in LOG_FIELDS) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -186,7 +297,12 @@ def main(argv=None) -> int:
     p.add_argument("--label", default="step_order", help="file stem of the results")
     p.add_argument("--previous-codegen", type=Path, default=None, metavar="FILE",
                    help="also time the partial order generated by this version of checkmate/tf2/codegen.py")
+    p.add_argument("--memory-log", action="store_true",
+                   help="also read each step's peak from TF's allocation log: the bytes its kernels asked for "
+                        "against the bytes of the allocator's chunks (TF's own log lines are then dropped)")
     args = p.parse_args(argv)
+    if args.memory_log:
+        start_memory_log()
     previous = load_codegen(args.previous_codegen) if args.previous_codegen else None
     started = time.time()
     rows = []
@@ -194,13 +310,13 @@ def main(argv=None) -> int:
         if name not in MODELS and name not in APPLICATIONS:
             p.error(f"unknown model {name!r}: expected one of {', '.join([*MODELS, *APPLICATIONS])}")
         for budget in [b.strip() for b in args.budgets.split(",") if b.strip()]:
-            row = run(name, budget, args.repeats, args.time_limit, previous)
+            row = run(name, budget, args.repeats, args.time_limit, previous, args.memory_log)
             rows.append(row)
             print(json.dumps(row), flush=True)
     from checkmate.tf2.profiling import device_description
 
     write_csv(args.out / f"{args.label}.csv", rows, FIELDS)
-    meta = {"command": "python experiments/step_order.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    meta = {"command": "python experiments/step_order.py " + shlex.join(sys.argv[1:] if argv is None else argv),
             "device": device_description(), "seconds": round(time.time() - started, 1),
             "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
     (args.out / f"{args.label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")

@@ -732,7 +732,9 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     Nodes with equal keys are measured once. Results are cached per device under :func:`cache_dir`,
     keyed by the node's op types, attributes, wiring, constant inputs and input shapes and dtypes (a
     node's time alone), and per step (its share); variables the step assigns (BatchNorm statistics,
-    dropout seeds) are restored afterwards.
+    dropout seeds) are restored afterwards. A cached time measured alone where no trace was tried does
+    not price a step that was never traced: the trace measures that node again, and every node the
+    trace times takes the trace's time, cached or not (one step's costs from one run).
 
     ``time_budget_s`` bounds the measuring (None: no bound). The trace takes ``warmup`` step runs
     and three untraced ones, then stops starting traced runs once the budget is spent and three ran:
@@ -763,6 +765,20 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                                              .encode()).hexdigest()
     alone: list[float | None] = [cache.get(p.key) if cache else None for p in programs]
     launch_us = cache.get(step_key) if cache else None
+    tracing = trace and (time_budget_s is None or time_budget_s > 0)
+    step_traced = isinstance(cache.entries.get(step_key), dict) and bool(cache.entries[step_key].get("traced")) \
+        if cache is not None else False
+    if tracing and not step_traced and cache is not None and not all(
+            a is None or _traced_entry(cache.entries.get(p.key)) for a, p in zip(alone, programs)):
+        # A node timed alone where no trace was tried (by an earlier version, or with trace=False) is
+        # measured again inside this step: alone, its ops run back to back on inputs kept hot in
+        # the processor's caches by the repeated calls, which a memory-bound node does not see in the step
+        # (the diffusion U-Net's GroupNorm forward: 205 us alone, 502 us in the step's trace), and a plan
+        # that recomputes it then costs more than predicted. Once this step was traced (its entry says
+        # so), its times are kept whatever their source. The step's scheduling share is computed again
+        # beside the new times.
+        alone = [a if a is None or _traced_entry(cache.entries.get(p.key)) else None for a, p in zip(alone, programs)]
+        launch_us = None
     step_entry = cache.entries.get(step_key) if cache and launch_us is not None else None
     overlap = float(step_entry.get("overlap_scale", 1.0)) if isinstance(step_entry, dict) else 1.0
     hits = sum(c is not None for c in alone)
@@ -774,6 +790,8 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     values = None
     sources: dict[str, str] = {}
     n_traced = 0
+    refreshed: list[int] = []
+    traced_ran = False
     started = time.perf_counter()
     calibration = calibrate(cache)
     guess_all = [estimate_cost(graph, ops, calibration) for ops in node_ops]
@@ -790,7 +808,7 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                     first_of[programs[k].key] = k
                     order.append(k)
             deadline = started + time_budget_s if time_budget_s is not None else None
-            if trace and (time_budget_s is None or time_budget_s > 0):
+            if tracing:
                 try:
                     traced = _trace_node_times(function, _step_args(function, input_names, label_names, batch, seed),
                                                node_ops, calibration, repeats, warmup, deadline, progress)
@@ -798,16 +816,23 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                     traced = _Trace({}, 0, 0.0)     # no profiler here: every node is measured alone
                 # the traced runs' times are the step's: its nodes' times and its scheduling in one run
                 step_us = traced.step_us
+                traced_ran = traced.runs > 0
                 # nodes with equal keys (a repeated block's layers) share one time: their median
                 by_key: dict[str, list[float]] = {}
-                for k in todo:
+                for k in range(len(programs)):
                     if k in traced.times_us:
                         by_key.setdefault(programs[k].key, []).append(traced.times_us[k])
                 for key, times in by_key.items():
                     measured_keys[key] = float(np.median(times))
                     raw[key] = (measured_keys[key], 0.0)
                     sources[key] = f"trace of {traced.runs} runs"
-                n_traced = sum(programs[k].key in measured_keys for k in todo)
+                # Every node the trace timed takes this trace's time, cached ones too: the costs of one
+                # step then come from one run under one load, not from steps traced at other times
+                # (their ratios, not their sum, decide what a plan predicts).
+                refreshed = [k for k in range(len(programs)) if k not in todo and programs[k].key in measured_keys]
+                for k in refreshed:
+                    alone[k] = measured_keys[programs[k].key]
+                n_traced = sum(programs[k].key in measured_keys for k in range(len(programs)))
             order = [k for k in order if programs[k].key not in measured_keys]
             if order and (deadline is None or time.perf_counter() < deadline):
                 try:
@@ -829,6 +854,8 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                     continue     # a node that cannot run alone keeps its estimate
                 measured_keys[p.key] = max(MIN_TIME_US, median - overhead)
                 raw[p.key] = (median, overhead)
+                if traced_ran:
+                    sources[p.key] = _UNTRACEABLE
             ratios = [measured_keys[programs[k].key] / guess[k] for k in todo if programs[k].key in measured_keys]
             estimate_scale = float(np.median(ratios)) if ratios else 1.0
             for k in todo:
@@ -860,7 +887,7 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                 overlap = net_us / sum(alone)
     costs = [float(a) * overlap + launch_us * len(ops) for a, ops in zip(alone, node_ops)]
     if cache is not None:
-        for k in todo:
+        for k in [*todo, *refreshed]:
             key = programs[k].key
             if key in measured_keys:
                 median, call_us = raw[key]
@@ -869,7 +896,7 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
         # a share computed with estimated nodes in its sum is not cached: it changes once they are measured
         if fresh_share and step_us is not None and not estimated:
             cache.put(step_key, launch_us, kind="step_launch_us_per_op", nodes=len(programs), step_us=step_us,
-                      overlap_scale=overlap)
+                      overlap_scale=overlap, traced=n_traced > 0)
         cache.save()
     total_guess = sum(guess_all)
     share = sum(g for k, g in enumerate(guess_all) if k not in estimated) / total_guess if total_guess > 0 else 1.0
@@ -877,6 +904,17 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
                          estimated=len(estimated), launch_us_per_op=float(launch_us), measured_share=float(share),
                          overlap_scale=float(overlap),
                          traced=n_traced, seconds=time.perf_counter() - started)
+
+
+# The source of a node's time measured alone after a trace of its step ran without attributing it.
+_UNTRACEABLE = "alone, not in the trace"
+
+
+def _traced_entry(entry: Any) -> bool:
+    """Whether a cached node time is the best a trace gives: read from a trace of a whole step, or timed
+    alone because such a trace could not attribute the node (no trace will)."""
+    source = str(entry.get("source", "")) if isinstance(entry, dict) else ""
+    return source.startswith("trace") or source == _UNTRACEABLE
 
 
 def _step_args(function, input_names, label_names, batch, seed) -> list:

@@ -173,3 +173,41 @@ def test_ops_side_by_side_share_the_wall_time():
     assert shares == pytest.approx([7.5, 7.5, 3.5, 0.5])
     assert sum(shares) == pytest.approx(15.0 + 4.0)
     assert profiling._exclusive_times([]) == []
+
+
+def test_nodes_timed_alone_are_measured_again_in_the_steps_trace(tmp_path):
+    """A cache of nodes timed alone (hot inputs, ops back to back: memory-bound nodes come out cheaper than
+    they are in the step) does not price a step that was never traced: the trace measures every node
+    again and its times replace them in the cache; the next call reads them all from the cache."""
+    lg = lower(conv_model(), XENT, *conv_specs(2), level="layer", cost_model="flops")
+    alone = profile(lg, tmp_path, time_budget_s=None, trace=False)
+    assert alone.traced == 0 and alone.misses == lg.graph.n
+    traced = profile(lg, tmp_path, time_budget_s=None)
+    assert traced.traced == lg.graph.n and traced.hits == 0
+    again = profile(lg, tmp_path, time_budget_s=None)
+    assert again.traced == 0 and again.hits == lg.graph.n
+    assert again.costs == traced.costs
+
+
+def test_a_trace_prices_every_node_it_times_cached_ones_too(tmp_path):
+    """When a step is traced (one node missing from the cache), every node takes its time from that trace:
+    a node's cached time from another run (here made 1000 times larger) does not stand beside it."""
+    lg = lower(conv_model(), XENT, *conv_specs(2), level="layer", cost_model="flops")
+    first = profile(lg, tmp_path, time_budget_s=None)
+    cache = profiling.ProfileCache(tmp_path)
+    keys = [k for k, v in cache.entries.items() if not k.startswith(profiling._STEP_PREFIX)]
+    assert len(keys) >= 2
+    largest = max(keys, key=lambda k: cache.entries[k]["time_us"])
+    inflated = cache.entries[largest]["time_us"] * 1000
+    cache.entries[largest]["time_us"] = inflated
+    del cache.entries[min(keys, key=lambda k: cache.entries[k]["time_us"])]
+    # the step's own entry goes too: the cache then holds no trace of this step
+    for k in [k for k in cache.entries if k.startswith(profiling._STEP_PREFIX)]:
+        del cache.entries[k]
+    cache._dirty = True
+    cache.path.unlink()
+    cache.save()
+    second = profile(lg, tmp_path, time_budget_s=None)
+    assert second.traced == lg.graph.n
+    assert max(second.costs) < 10 * max(first.costs), (second.costs, first.costs)
+    assert profiling.ProfileCache(tmp_path).entries[largest]["time_us"] < inflated / 10
