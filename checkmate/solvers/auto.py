@@ -23,9 +23,12 @@ structured strategy refuses (language models at 50% of checkpoint-all, where a v
 loss and wide feed-forward values make one level of recomputation per block too coarse), before
 the MILP runs (beyond its sizes, after the plan and the baselines), so that a time limit never
 leaves auto without a schedule that is cheap to find. On graphs of up to
-:data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and no schedule is within
-:data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired to the budget the
-same way: long skips and dense concatenations defeat the structured strategies, not this. When
+:data:`AUTO_DROP_START_MAX_NODES` nodes, when no schedule is within :data:`AUTO_TARGET_GAP` of the
+proven bound, checkpoint-all itself is repaired to the budget the same way and refined at once: long
+skips and dense concatenations defeat the structured strategies, not this. It runs before the flat
+MILP (which starts from the best schedule found), and beyond the flat MILP's sizes right after a
+hierarchical plan that misses the target, before the quadratic baselines (in
+:data:`EARLY_DROP_TIME_SHARE` of the time left), so that a time limit does not leave it none. When
 nothing fits, the least peak that a repair reaches is among the minimums the error names. The time
 left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
 still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
@@ -56,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
            "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S",
-           "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
+           "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES", "EARLY_DROP_TIME_SHARE"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -76,7 +79,8 @@ AUTO_TARGET_GAP = 0.02
 # Measured: experiments/results/README.md, section i.
 AUTO_DROP_START_MAX_NODES = 500
 # On graphs beyond the flat MILP whose plan misses AUTO_TARGET_GAP, the share of the time left that
-# the drops from checkpoint-all may take before the rest of the floor runs.
+# the drops from checkpoint-all may take before the rest of the floor runs (a drop that does not finish
+# leaves the floor the other half). Measured: experiments/results/README.md, section i.
 EARLY_DROP_TIME_SHARE = 0.5
 # The fallback is not started with less time left than this.
 AUTO_FALLBACK_MIN_SECONDS = 5.0

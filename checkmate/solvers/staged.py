@@ -54,7 +54,9 @@ BRANCH_AND_BOUND = "branch and bound"
 # cutoff branch and bound starts from; longer searches gained little next to branch and bound).
 IMPROVE_TIME_S = 10.0
 IMPROVE_FRACTION = 0.1
-# ... on at most this many of the cheapest schedules found so far (of different costs).
+# ... on at most this many of the cheapest schedules found so far (of different costs): a refined start
+# handed in can be the cheapest while a rounding refines to far less. Measured:
+# experiments/results/README.md, section i.
 IMPROVE_STARTS = 3
 
 
