@@ -183,7 +183,8 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                      sim.compute_cost / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
 
     reserve = 0.0
-    dropped_from: list[str] = []      # "checkpoint_all" once the drops from it have run
+    dropped_from: list[str] = []      # "checkpoint_all" once the drops from it have run to their end
+    drops_reached: list = []          # the least-peak schedule of drops cut short by their time share
 
     def drop_from_checkpoint_all(share: float = 1.0) -> None:
         """Long skips and dense concatenations: drops of holds at the peak, cheapest per byte, from
@@ -199,10 +200,17 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             return
         if until is not None:
             until = time.perf_counter() + share * (until - time.perf_counter())
-        dropped_from.append("checkpoint_all")
         _logger.info("auto: no schedule within %.0f%% of the bound: holds dropped from checkpoint-all",
                      100 * AUTO_TARGET_GAP)
-        dropped = _repair(graph, budget_bytes, [], [], until)
+        # drops cut short by their share resume where they stopped (each drop lowers the peak: the
+        # least-peak schedule reached is the one to go on from)
+        resume = [(c.peak_bytes, "checkpoint_all", c.schedule) for c in drops_reached[-1:] if c is not None]
+        reached: list = []
+        dropped = _repair(graph, budget_bytes, [], resume, until, lowest=reached)
+        if dropped is None and share < 1.0 and reached and (until is None or time.perf_counter() >= until):
+            drops_reached[:] = reached[-1:]
+        else:
+            dropped_from.append("checkpoint_all")
         if dropped is not None:
             # refined at once: the drops alone recompute far more than needed (1.22x against 1.065x
             # refined on a 54-node U-Net at 60%), and the refinement takes seconds at these sizes
