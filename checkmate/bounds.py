@@ -113,20 +113,25 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray, *, changed_rows: tupl
     deps = graph.deps
     output = graph.output
     low, high = (0, n - 1) if changed_rows is None else (max(int(changed_rows[0]), 0), min(int(changed_rows[1]), n - 1))
+    no_next = np.zeros(n, dtype=bool)
     for t in range(high, 0, -1):
         held = S[t]
-        keep_next = S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool)
-        need = np.zeros(t + 1, dtype=bool)
-        need[t] = True
-        need |= keep_next[: t + 1] & ~held[: t + 1]
-        used = np.zeros(n, dtype=bool)
-        for k in range(t, -1, -1):
-            if need[k]:
-                for d in deps[k]:
-                    used[d] = True
-                    if not held[d]:
-                        need[d] = True
-        useless = held & ~used & ~keep_next & ~output
+        keep_next = S[t + 1] if t + 1 < n else no_next
+        # the stage's needed set, searched from its seeds through the inputs not held (the work is
+        # proportional to the computations, not to t: the skips of a U-Net span most rows)
+        held_bytes = held.tobytes()
+        stack = [t, *np.flatnonzero(keep_next[: t + 1] & ~held[: t + 1]).tolist()]
+        needed = set(stack)
+        used: set[int] = set()
+        while stack:
+            for d in deps[stack.pop()]:
+                used.add(d)
+                if d not in needed and not held_bytes[d]:
+                    needed.add(d)
+                    stack.append(d)
+        useless = held & ~keep_next & ~output
+        if used:
+            useless[list(used)] = False
         if t < low and not useless.any():
             break
         S[t, useless] = False

@@ -1037,7 +1037,20 @@ TUNED_CONSTANTS = [
      "came in its first 10-20 s (GPT-2: 1.569x to 1.443x in 10 s); on diffusion-style U-Nets of 326 and 446 "
      "nodes it ran to its 30 s limit for 1.276x to 1.146x and 1.384x to 1.314x (`solver_quality.md`). With "
      "60 s, `auto` on a 40-block synthetic ResNet at its minimum budget and the default limit spent the whole "
-     "minute refining."),
+     "minute refining. Since the refinement costs a move from the stages it changes and applies several moves "
+     "per costing, the drops from checkpoint-all on the 326-node U-Net at 40% (1.096x) refine to the same "
+     "1.0315x in 8 s instead of 172 s (scratch script, 2 loaded cores)."),
+    ("`EARLY_DROP_TIME_SHARE` (`solvers/auto.py`)", "0.5",
+     "The 446-node diffusion-style U-Net (`experiments/solver_quality.py`), 2 loaded cores: the hierarchical "
+     "strategy refuses 40% and 30% in 6-8 s; with the drops from checkpoint-all after the floor's quadratic "
+     "baselines they did not finish (150 s limit: 1.0876x and 1.2724x, `solver_quality.md`). Before the "
+     "floor, in half the time left and resumed after it when cut short: 1.0296x (0.89% from the bound) and "
+     "1.0703x (3.14%), the same as the drops and refinement without a time limit (`solver_quality_skips.md`)."),
+    ("`IMPROVE_STARTS` (`solvers/staged.py`)", "3",
+     "The 54-node long-skip U-Net of `tests/quality_graphs.py` at 50%, `auto` in 10 s: with the refined "
+     "drops from checkpoint-all (1.392x) handed to the MILP as its cheapest start, the local search on it "
+     "alone left 1.392x; on the three cheapest, a rounding of the LP refined to 1.155x (the flat MILP's "
+     "answer after 60 s)."),
     ("`REFINE_TIME_SHARE` (`solvers/auto.py`)", "0.25",
      "Replacing recomputations by holds on the repaired schedules: GPT-2 1.569x to 1.443x and ViT 1.788x to "
      "1.382x in 10 s, GPT-2 2.166x to 1.648x in 20 s. `auto` at 50% in 20 s (two runs): GPT-2 1.475x and "

@@ -5,15 +5,18 @@ the target gap of a proven bound where it reaches it, and the flat MILP starts f
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import checkmate
 import checkmate.solvers.milp as milp_module
-from checkmate.bounds import checkpoint_all_schedule, cost_lower_bound
+from checkmate.bounds import checkpoint_all_schedule, cost_lower_bound, prune_unused_holds
+from checkmate.schedule import minimal_recompute
+from checkmate.simulate import simulate
 from checkmate.solvers import parse_budget
 from checkmate.solvers.auto import AUTO_HIERARCHICAL_FIRST_MIN_NODES
 from checkmate.solvers.candidates import evaluate
-from checkmate.solvers.rounding import improve_by_holding, repair_to_budget
+from checkmate.solvers.rounding import _stage_cost, improve_by_holding, repair_to_budget
 from checkmate.solvers.staged import solve_staged
 from checkmate.solvers.types import MilpOptions, SolveOptions, relative_gap
 
@@ -64,7 +67,7 @@ def test_auto_hands_its_best_schedule_to_the_flat_milp(monkeypatch):
 
 
 @pytest.mark.parametrize("make, pct", [(mini_transformer, "50%"), (mini_transformer, "40%"),
-                                       (dense_blocks, "50%"), (dense_blocks, "45%")])
+                                       (dense_blocks, "50%"), (dense_blocks, "45%"), (dense_blocks, "40%")])
 def test_auto_is_within_the_target_gap_of_a_proven_bound(make, pct):
     graph = make()
     budget = parse_budget(pct, graph)
@@ -75,12 +78,25 @@ def test_auto_is_within_the_target_gap_of_a_proven_bound(make, pct):
     assert relative_gap(r.compute_cost, r.lower_bound) <= 0.02, r.status
 
 
-def test_strategies_agree_on_a_long_skip_unet():
-    # auto is not yet within the target gap here (the flat MILP under 10 s stops 6-12% above its bound
-    # at 50-60%): its schedule is valid, no worse than holds dropped from checkpoint-all, and its bound is below the MILP's
-    # schedule and above the first-run bound
+@pytest.mark.slow
+def test_auto_is_within_the_target_gap_on_a_long_skip_unet():
+    # the optimum (1.0523x, proven by the flat MILP) is 2.1% above the memory bound: the MILP's own
+    # bound proves the gap, and it needs branch and bound (8-30 s on two loaded cores)
     graph = long_skip_unet()
     budget = parse_budget("60%", graph)
+    r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=30)
+    assert_valid_schedule(graph, r.schedule, budget)
+    assert cost_lower_bound(graph, budget) * (1 - 1e-12) <= r.lower_bound <= r.compute_cost * (1 + 1e-12)
+    assert relative_gap(r.compute_cost, r.lower_bound) <= 0.02, r.status
+
+
+def test_strategies_agree_on_a_long_skip_unet():
+    # at 50% auto is not within the target gap of its bound in 10 s (1.155x, 6% above it): the optimum
+    # is 1.112x (the flat MILP proves it in 80 s), so the schedule is 3.9% above it and the bound 2.8%
+    # below. Its schedule is valid, no worse than holds dropped from checkpoint-all, and its bound is
+    # below the MILP's schedule and above the first-run bound
+    graph = long_skip_unet()
+    budget = parse_budget("50%", graph)
     r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=10)
     assert_valid_schedule(graph, r.schedule, budget)
     milp = checkmate.solve(graph, budget, strategy="checkmate_milp", time_limit_s=10)
@@ -90,3 +106,65 @@ def test_strategies_agree_on_a_long_skip_unet():
     assert r.compute_cost <= dropped.cost * (1 + 1e-12)
     assert cost_lower_bound(graph, budget) * (1 - 1e-12) <= r.lower_bound <= milp.compute_cost * (1 + 1e-12)
     assert milp.lower_bound <= r.compute_cost * (1 + 1e-12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pct", ["50%", "40%"])
+def test_auto_is_within_the_target_gap_on_a_326_node_unet(pct):
+    # a diffusion-style U-Net (4 levels, residual blocks, every block output concatenated into the
+    # decoder): 30-45 s on two loaded cores, the time limit of the solver-quality table
+    from test_auto_skips import diffusion_unet
+
+    graph = diffusion_unet()
+    budget = parse_budget(pct, graph)
+    r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=60)
+    assert_valid_schedule(graph, r.schedule, budget)
+    assert r.lower_bound >= cost_lower_bound(graph, budget) * (1 - 1e-12)
+    assert relative_gap(r.compute_cost, r.lower_bound) <= 0.02, r.status
+
+
+def _prune_by_definition(graph, retain):
+    """S[t, i] kept when stage t reads i under the minimal recomputation of the pruned holds, holds it
+    into t + 1, or i is an output; from the last stage back, every earlier node scanned."""
+    n = graph.n
+    S = np.array(retain, dtype=bool) & np.tri(n, k=-1, dtype=bool)
+    for t in range(n - 1, 0, -1):
+        held, keep_next = S[t], (S[t + 1] if t + 1 < n else np.zeros(n, dtype=bool))
+        need = np.zeros(n, dtype=bool)
+        need[t] = True
+        need[: t + 1] |= keep_next[: t + 1] & ~held[: t + 1]
+        used = np.zeros(n, dtype=bool)
+        for k in range(t, -1, -1):
+            if need[k]:
+                for d in graph.deps[k]:
+                    used[d] = True
+                    need[d] |= not held[d]
+        S[t, held & ~used & ~keep_next & ~graph.output] = False
+    return S
+
+
+@pytest.mark.parametrize("make", [long_skip_unet, dense_blocks])
+def test_pruning_and_stage_costs_match_their_definitions(make):
+    graph = make()
+    rng = np.random.default_rng(0)
+    for density in (0.05, 0.3, 0.8):
+        S = rng.random((graph.n, graph.n)) < density
+        pruned = prune_unused_holds(graph, S)
+        assert np.array_equal(pruned, _prune_by_definition(graph, S))
+        # the stages' costs add up to the minimal recomputation's
+        R = minimal_recompute(graph, pruned)
+        total = sum(_stage_cost(graph, pruned, t) for t in range(graph.n))
+        assert total == pytest.approx(float((R * graph.cost[None, :]).sum()), rel=1e-12)
+
+
+def test_refinement_of_holds_dropped_on_a_long_skip_unet():
+    # the drops alone recompute far more than needed at 60%; the refinement, several moves per
+    # costing of the moves, lands within 1.3% of the proven optimum (1.0523x, the flat MILP's)
+    graph = long_skip_unet()
+    budget = parse_budget("60%", graph)
+    dropped = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    refined = improve_by_holding(graph, dropped, budget)
+    assert_valid_schedule(graph, refined.schedule, budget)
+    assert refined.cost == pytest.approx(simulate(graph, refined.schedule).compute_cost)
+    assert dropped.cost / graph.total_cost > 1.2
+    assert refined.cost / graph.total_cost < 1.0523 * 1.013

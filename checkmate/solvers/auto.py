@@ -23,9 +23,12 @@ structured strategy refuses (language models at 50% of checkpoint-all, where a v
 loss and wide feed-forward values make one level of recomputation per block too coarse), before
 the MILP runs (beyond its sizes, after the plan and the baselines), so that a time limit never
 leaves auto without a schedule that is cheap to find. On graphs of up to
-:data:`AUTO_DROP_START_MAX_NODES` nodes, once the main strategy has run and no schedule is within
-:data:`AUTO_TARGET_GAP` of the proven bound, checkpoint-all itself is repaired to the budget the
-same way: long skips and dense concatenations defeat the structured strategies, not this. When
+:data:`AUTO_DROP_START_MAX_NODES` nodes, when no schedule is within :data:`AUTO_TARGET_GAP` of the
+proven bound, checkpoint-all itself is repaired to the budget the same way and refined at once: long
+skips and dense concatenations defeat the structured strategies, not this. It runs before the flat
+MILP (which starts from the best schedule found), and beyond the flat MILP's sizes right after a
+hierarchical plan that misses the target, before the quadratic baselines (in
+:data:`EARLY_DROP_TIME_SHARE` of the time left), so that a time limit does not leave it none. When
 nothing fits, the least peak that a repair reaches is among the minimums the error names. The time
 left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
 still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
@@ -56,7 +59,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
            "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S",
-           "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES"]
+           "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES", "EARLY_DROP_TIME_SHARE"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -75,6 +78,10 @@ AUTO_TARGET_GAP = 0.02
 # replays O(n^2) cells for a few candidates: beyond, it rarely finishes in a compile's time limit.
 # Measured: experiments/results/README.md, section i.
 AUTO_DROP_START_MAX_NODES = 500
+# On graphs beyond the flat MILP whose plan misses AUTO_TARGET_GAP, the share of the time left that
+# the drops from checkpoint-all may take before the rest of the floor runs (a drop that does not finish
+# leaves the floor the other half). Measured: experiments/results/README.md, section i.
+EARLY_DROP_TIME_SHARE = 0.5
 # The fallback is not started with less time left than this.
 AUTO_FALLBACK_MIN_SECONDS = 5.0
 # The baselines that form the floor (the budget-aware ones search their whole family for the budget);
@@ -175,6 +182,46 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", name,
                      sim.compute_cost / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
 
+    reserve = 0.0
+    dropped_from: list[str] = []      # "checkpoint_all" once the drops from it have run to their end
+    drops_reached: list = []          # the least-peak schedule of drops cut short by their time share
+
+    def drop_from_checkpoint_all(share: float = 1.0) -> None:
+        """Long skips and dense concatenations: drops of holds at the peak, cheapest per byte, from
+        checkpoint-all (the repair above) land far closer to the bound than the structured strategies
+        and, under a time limit, the flat MILP. Run when no schedule is within the target gap yet,
+        within ``share`` of the time left (short of the refinement's reserve)."""
+        if (graph.n > AUTO_DROP_START_MAX_NODES or budget_bytes < largest_working_set_bytes(graph)
+                or dropped_from or any(r[1] == "checkpoint_all" for r in results)
+                or not _short_of_bound(graph, memory_bound, results)):
+            return
+        until = None if deadline is None else deadline - reserve
+        if until is not None and until - time.perf_counter() < AUTO_FALLBACK_MIN_SECONDS:
+            return
+        if until is not None:
+            until = time.perf_counter() + share * (until - time.perf_counter())
+        _logger.info("auto: no schedule within %.0f%% of the bound: holds dropped from checkpoint-all",
+                     100 * AUTO_TARGET_GAP)
+        # drops cut short by their share resume where they stopped (each drop lowers the peak: the
+        # least-peak schedule reached is the one to go on from)
+        resume = [(c.peak_bytes, "checkpoint_all", c.schedule) for c in drops_reached[-1:] if c is not None]
+        reached: list = []
+        dropped = _repair(graph, budget_bytes, [], resume, until, lowest=reached)
+        if dropped is None and share < 1.0 and reached and (until is None or time.perf_counter() >= until):
+            drops_reached[:] = reached[-1:]
+        else:
+            dropped_from.append("checkpoint_all")
+        if dropped is not None:
+            # refined at once: the drops alone recompute far more than needed (1.22x against 1.065x
+            # refined on a 54-node U-Net at 60%), and the refinement takes seconds at these sizes
+            refined = _refine(graph, budget_bytes, dropped[2], dropped[0], until)
+            if refined is not None:
+                dropped = (refined[0], dropped[1], refined[1])
+        if dropped is not None and dropped[0] < min((r[0] for r in results), default=math.inf):
+            results.append(dropped)
+            _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", dropped[2].status,
+                         dropped[0] / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
+
     base_opts = replace(options, time_limit_s=None)
     main = "checkmate_milp" if graph.n <= AUTO_MILP_MAX_NODES else "hierarchical"
     # On graphs beyond the flat MILP the hierarchical plan is the strong candidate and the floor's
@@ -194,6 +241,13 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     if plan_first and not _fits_without_recomputation(graph, results):
         left = None if deadline is None else PLAN_FIRST_TIME_SHARE * max(deadline - time.perf_counter(), 0.0)
         attempt(main, replace(options, time_limit_s=left), deadline)
+        if _short_of_target(graph, results, main):
+            # long skips defeat the plan's segments: the drops from checkpoint-all come before the
+            # quadratic baselines, which at a loaded machine's pace left them no time on a 446-node
+            # U-Net (1.09x at 40% against 1.03x)
+            # (half of the time left: a drop that does not finish leaves the floor the other half)
+            reserve = 0.0 if deadline is None else REFINE_TIME_SHARE * float(options.time_limit_s)
+            drop_from_checkpoint_all(EARLY_DROP_TIME_SHARE)
         # the rest of the floor in the time left, the refinement's share kept back once a plan is known
         for name in FLOOR_STRATEGIES[1:]:
             reserve = 0.0 if deadline is None or not results else REFINE_TIME_SHARE * float(options.time_limit_s)
@@ -224,31 +278,13 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     # the main strategy leaves time for the refinement when a schedule is known already
     reserve = 0.0 if deadline is None or not results else REFINE_TIME_SHARE * float(options.time_limit_s)
     left = None if deadline is None else max(deadline - reserve - time.perf_counter(), 1.0)
-    dropped_from: list[str] = []      # "checkpoint_all" once the drops from it have run
-
-    def drop_from_checkpoint_all() -> None:
-        """Long skips and dense concatenations: drops of holds at the peak, cheapest per byte, from
-        checkpoint-all (the repair above) land far closer to the bound than the structured strategies
-        and, under a time limit, the flat MILP. Run when no schedule is within the target gap yet."""
-        if (graph.n > AUTO_DROP_START_MAX_NODES or budget_bytes < largest_working_set_bytes(graph)
-                or dropped_from or any(r[1] == "checkpoint_all" for r in results)
-                or not _short_of_bound(graph, memory_bound, results)):
-            return
-        until = None if deadline is None else deadline - reserve
-        if until is not None and until - time.perf_counter() < AUTO_FALLBACK_MIN_SECONDS:
-            return
-        dropped_from.append("checkpoint_all")
-        _logger.info("auto: no schedule within %.0f%% of the bound: holds dropped from checkpoint-all",
-                     100 * AUTO_TARGET_GAP)
-        dropped = _repair(graph, budget_bytes, [], [], until)
-        if dropped is not None and dropped[0] < min((r[0] for r in results), default=math.inf):
-            results.append(dropped)
-            _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", dropped[2].status,
-                         dropped[0] / graph.total_cost if graph.total_cost > 0 else 1.0, time.perf_counter() - start)
-
     if plan_first:
         drop_from_checkpoint_all()
     elif not _fits_without_recomputation(graph, results):
+        # before the main strategy: its time limit must not leave the drops (a second on a 54-node
+        # U-Net, where they and the refinement reach 1.065x against 1.36x from a repaired floor
+        # schedule) no time, and the MILP starts from the best schedule found
+        drop_from_checkpoint_all()
         if main == "checkmate_milp" and graph.n >= AUTO_HIERARCHICAL_FIRST_MIN_NODES:
             attempt("hierarchical", replace(options, time_limit_s=left), deadline)
             drop_from_checkpoint_all()
