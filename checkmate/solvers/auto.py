@@ -31,7 +31,10 @@ hierarchical plan that misses the target, before the quadratic baselines (in
 :data:`EARLY_DROP_TIME_SHARE` of the time left), so that a time limit does not leave it none. When
 nothing fits, the least peak that a repair reaches is among the minimums the error names. The time
 left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
-still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`).
+still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`), and where that stops further
+than :data:`AUTO_TARGET_GAP` from the bound (dense blocks, where every single hold left breaks the
+budget), holds are exchanged for drops at the peak they raise
+(:func:`~checkmate.solvers.rounding.hold_and_repair`) for up to :data:`REFINE_MAX_S` more.
 """
 
 from __future__ import annotations
@@ -112,8 +115,9 @@ REFINE_TIME_SHARE = 0.25
 # The refinement copies several n x n matrices per move (16 MB each at 4000 nodes, 100 MB at 10,000):
 # beyond this size one move could overrun the time limit, and the pass is skipped.
 REFINE_MAX_NODES = 4000
-# The refinement runs at most this long (with the time left): most of its gains come in the first
-# 10-20 s, and solve's default limit of ten minutes must not make every unproven answer wait longer.
+# The refinement runs at most this long (with the time left), and the exchanges of holds after it,
+# when it stops short of the target gap, as long again: most of its gains come in the first 10-20 s,
+# and solve's default limit of ten minutes must not make every unproven answer wait longer.
 # Measured: experiments/results/README.md, section i.
 REFINE_MAX_S = 20.0
 
@@ -326,7 +330,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     if not out.optimal and cost > lower * (1 + 1e-12):
         until = time.perf_counter() + REFINE_MAX_S
         until = until if deadline is None else min(until, deadline)
-        refined = _refine(graph, budget_bytes, out, cost, until, lower)
+        refined = _refine(graph, budget_bytes, out, cost, until, lower, deadline)
         if refined is not None:
             cost, out = refined
     status = f"{name}: {out.status}" if out.status and out.status != "ok" else name
@@ -371,11 +375,13 @@ def _repair(graph: "Graph", budget_bytes: int, minimums: list[tuple[int, str]],
 
 
 def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: float,
-            until: float | None, lower: float | None = None) -> tuple[float, "StrategyOutput"] | None:
+            until: float | None, lower: float | None = None,
+            deadline: float | None = None) -> tuple[float, "StrategyOutput"] | None:
     """``out``'s schedule with recomputations replaced by holds while it fits, until ``until``; None
-    when nothing was gained or no time is left. When the result is still further than
-    :data:`AUTO_TARGET_GAP` from ``lower`` (a proven bound) and ``until`` is given, the time left
-    goes to exchanges of holds (:func:`~checkmate.solvers.rounding.hold_and_repair`)."""
+    when nothing was gained or no time is left. When ``lower`` (a proven bound) is given and the
+    result is still further than :data:`AUTO_TARGET_GAP` from it, exchanges of holds
+    (:func:`~checkmate.solvers.rounding.hold_and_repair`) follow for up to :data:`REFINE_MAX_S` more,
+    never past ``deadline``."""
     if out.schedule is None or graph.n > REFINE_MAX_NODES or (until is not None and until - time.perf_counter() < 0.5):
         return None
     with no_deadline():
@@ -387,13 +393,15 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     with no_deadline():
         better = improve_by_holding(graph, Candidate(out.schedule, sim.compute_cost, sim.peak_memory_bytes, "refine"),
                                     budget_bytes, deadline=until)
-    if (until is not None and lower is not None and relative_gap(better.cost, min(lower, better.cost)) > AUTO_TARGET_GAP
-            and until - time.perf_counter() >= 1.0):
+    exchange_until = time.perf_counter() + REFINE_MAX_S
+    exchange_until = exchange_until if deadline is None else min(exchange_until, deadline)
+    if (lower is not None and relative_gap(better.cost, min(lower, better.cost)) > AUTO_TARGET_GAP
+            and exchange_until - time.perf_counter() >= 1.0):
         # the refinement stops where every single hold breaks the budget: on dense blocks a hold
         # exchanged for cheaper drops elsewhere goes on (a 160-node dense graph at 50%: 1.0457x
         # refined, the proven optimum 1.0358x after the exchanges)
         with no_deadline():
-            better = hold_and_repair(graph, better, budget_bytes, deadline=until)
+            better = hold_and_repair(graph, better, budget_bytes, deadline=exchange_until)
     if better.cost >= cost * (1 - 1e-9):
         return None
     with no_deadline():
