@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import checkmate
+import checkmate.solvers.auto as auto_module
 import checkmate.solvers.milp as milp_module
 from checkmate.bounds import checkpoint_all_schedule, cost_lower_bound, prune_unused_holds
 from checkmate.schedule import minimal_recompute
@@ -20,7 +21,7 @@ from checkmate.solvers.auto import AUTO_HIERARCHICAL_FIRST_MIN_NODES
 from checkmate.solvers.candidates import evaluate
 from checkmate.solvers.rounding import _stage_cost, hold_and_repair, improve_by_holding, repair_to_budget
 from checkmate.solvers.staged import solve_staged
-from checkmate.solvers.types import MilpOptions, SolveOptions, relative_gap
+from checkmate.solvers.types import MilpOptions, SolveOptions, StrategyOutput, relative_gap
 
 from cases import assert_valid_schedule
 from quality_graphs import dense_blocks, long_skip_unet, mini_transformer
@@ -189,3 +190,26 @@ def test_exchanges_of_holds_go_on_where_the_refinement_stops_on_dense_blocks():
     assert relative_gap(exchanged.cost, lower) < 0.005
     # none tried: the schedule it was given
     assert hold_and_repair(graph, refined, budget, deadline=time.perf_counter() + 120, tries=0) is refined
+
+
+def test_auto_refinement_exchanges_holds_only_short_of_the_target_gap(monkeypatch):
+    graph = dense_blocks(blocks=3, layers=8)
+    budget = parse_budget("50%", graph)
+    lower = cost_lower_bound(graph, budget)
+    plan = checkmate.solve(graph, budget, strategy="hierarchical")
+    cost = simulate(graph, plan.schedule).compute_cost
+    refined_only = improve_by_holding(graph, evaluate(graph, plan.schedule, "hierarchical"), budget).cost
+    monkeypatch.setattr(auto_module, "REFINE_MAX_S", 8.0)
+    # the refinement stops 1% above the bound: with a target of 0.5% the exchanges go on, within their time
+    monkeypatch.setattr(auto_module, "AUTO_TARGET_GAP", 0.005)
+    out = StrategyOutput(plan.schedule, status="ok")
+    started = time.perf_counter()
+    refined = auto_module._refine(graph, budget, out, cost, None, lower, time.perf_counter() + 60)
+    assert time.perf_counter() - started < 8.0 + 10.0
+    assert refined is not None and "holds exchanged" in refined[1].status
+    assert refined[0] < refined_only * (1 - 1e-9)
+    assert_valid_schedule(graph, refined[1].schedule, budget)
+    # a bound the refinement is within the target gap of: no exchanges
+    refined = auto_module._refine(graph, budget, out, cost, None, refined_only, time.perf_counter() + 60)
+    assert refined is not None and "exchanged" not in refined[1].status
+    assert refined[0] == pytest.approx(refined_only)
