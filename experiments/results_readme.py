@@ -1039,7 +1039,10 @@ TUNED_CONSTANTS = [
      "60 s, `auto` on a 40-block synthetic ResNet at its minimum budget and the default limit spent the whole "
      "minute refining. Since the refinement costs a move from the stages it changes and applies several moves "
      "per costing, the drops from checkpoint-all on the 326-node U-Net at 40% (1.096x) refine to the same "
-     "1.0315x in 8 s instead of 172 s (scratch script, 2 loaded cores)."),
+     "1.0315x in 8 s instead of 172 s (scratch script, 2 loaded cores). Where the refinement stops further "
+     "than the target gap from the bound, the exchanges of a hold for drops at the peak it raises get up to "
+     "`REFINE_MAX_S` again (never past the time limit): DenseNet121 at 60%, 120 s, 1.0735x to 1.0673x "
+     "(`solver_quality_dense.md`); 150 s of exchanges in a scratch run reached 1.0640x."),
     ("`EARLY_DROP_TIME_SHARE` (`solvers/auto.py`)", "0.5",
      "The 446-node diffusion-style U-Net (`experiments/solver_quality.py`), 2 loaded cores: the hierarchical "
      "strategy refuses 40% and 30% in 6-8 s; with the drops from checkpoint-all after the floor's quadratic "
