@@ -204,9 +204,10 @@ def test_measured_peak_follows_the_plan(name, request):
     # min over repeats: the allocator statistics are process-wide (see checkmate.tf2.memory), and on a
     # loaded machine the executor's order among unordered ops varies from run to run, and with it which
     # outputs TF can write into a dying input's buffer (one run of the residual CNN in four measured
-    # 1.18x its prediction while other processes used both cores)
-    plain = measure_peak_memory(step.plain_gradients, x, y, repeats=4, reduce="min")
-    measured = measure_peak_memory(step.gradients, x, y, repeats=4, reduce="min")
+    # 1.18x its prediction while other processes used both cores; with four runs, one full test run of
+    # the package on two cores in about ten measured the least of them at 1.17x: eight runs)
+    plain = measure_peak_memory(step.plain_gradients, x, y, repeats=8, reduce="min")
+    measured = measure_peak_memory(step.gradients, x, y, repeats=8, reduce="min")
     predicted = step.predicted.step_peak_bytes
     assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
     assert plain > 0
