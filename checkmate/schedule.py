@@ -24,7 +24,7 @@ from checkmate.simulate import walk
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["Schedule", "minimal_recompute", "load_schedule", "save_schedule", "SCHEDULE_FORMAT"]
+__all__ = ["Schedule", "minimal_recompute", "stage_needed", "load_schedule", "save_schedule", "SCHEDULE_FORMAT"]
 
 SCHEDULE_FORMAT = "checkmate-schedule/1"
 
@@ -144,6 +144,20 @@ class Schedule:
                    None if budget is None else int(budget), tuple(node_ids))
 
 
+def stage_needed(deps: Any, held: bytes, base: int, seeds: list[int]) -> set[int]:
+    """The nodes one stage of :func:`minimal_recompute` computes: ``seeds`` (node ``t`` and the values
+    held into ``t + 1`` but not on entry) and, closed under the inputs, every input not held on entry
+    (``held[base + d]``: ``S[t, d]`` in the row-major bytes of S, ``base = t * n``)."""
+    stack = list(seeds)
+    needed = set(stack)
+    while stack:
+        for d in deps[stack.pop()]:
+            if d not in needed and not held[base + d]:
+                needed.add(d)
+                stack.append(d)
+    return needed
+
+
 def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
     """The cheapest R that is valid for the retention matrix S.
 
@@ -174,14 +188,7 @@ def minimal_recompute(graph: "Graph", retain: Any) -> np.ndarray:
         if not seeds[t] and all(held[base + d] for d in deps[t]):
             cells.append(base + t)  # the common case: only node t, all of its inputs resident
             continue
-        stack = [t, *seeds[t]]
-        needed = set(stack)
-        while stack:
-            for d in deps[stack.pop()]:
-                if d not in needed and not held[base + d]:
-                    needed.add(d)
-                    stack.append(d)
-        cells.extend(base + k for k in needed)
+        cells.extend(base + k for k in stage_needed(deps, held, base, [t, *seeds[t]]))
     R = np.zeros((n, n), dtype=bool)
     R.flat[cells] = True
     return R

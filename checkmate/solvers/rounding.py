@@ -17,7 +17,7 @@ import numpy as np
 from checkmate._deadline import no_deadline
 from checkmate.bounds import prune_unused_holds
 from checkmate.errors import TimeLimitError
-from checkmate.schedule import Schedule, minimal_recompute
+from checkmate.schedule import Schedule, minimal_recompute, stage_needed
 from checkmate.simulate import peak_memory_bytes, simulate
 from checkmate.solvers.candidates import Candidate, evaluate, forced_retention, schedule_from_retain
 
@@ -291,19 +291,11 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
 
 def _stage_cost(graph: "Graph", S: np.ndarray, t: int) -> float:
     """The cost of stage ``t`` under the minimal recomputation of ``S`` (one row of
-    :func:`~checkmate.schedule.minimal_recompute`): node ``t``, every value held into ``t + 1`` but not
-    on entry, and the inputs not held of everything computed."""
-    held = S[t].tobytes()
-    stack = [t]
+    :func:`~checkmate.schedule.minimal_recompute`, by the closure they share)."""
+    seeds = [t]
     if t + 1 < graph.n:
-        stack += np.flatnonzero(S[t + 1, : t + 1] & ~S[t, : t + 1]).tolist()
-    needed = set(stack)
-    deps = graph.deps
-    while stack:
-        for d in deps[stack.pop()]:
-            if d not in needed and not held[d]:
-                needed.add(d)
-                stack.append(d)
+        seeds += np.flatnonzero(S[t + 1, : t + 1] & ~S[t, : t + 1]).tolist()
+    needed = stage_needed(graph.deps, S[t].tobytes(), 0, seeds)
     return float(graph.cost[list(needed)].sum())
 
 
