@@ -885,7 +885,8 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
             # costs its share of the step's time.
             if 0 < net_us < sum(alone):
                 overlap = net_us / sum(alone)
-    costs = [float(a) * overlap + launch_us * len(ops) for a, ops in zip(alone, node_ops)]
+    # the overlap's scaling keeps every node at the least measurable time, as its own timing does
+    costs = [max(MIN_TIME_US, float(a) * overlap + launch_us * len(ops)) for a, ops in zip(alone, node_ops)]
     if cache is not None:
         for k in [*todo, *refreshed]:
             key = programs[k].key
