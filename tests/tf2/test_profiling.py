@@ -238,7 +238,8 @@ def test_node_cost_is_its_time_alone_plus_its_ops_share_of_the_step(tmp_path):
     first = profile(lg.node_ops)
     assert first.misses == lg.graph.n and first.launch_us_per_op >= 0
     for k, ops in enumerate(lg.node_ops):
-        assert first.costs[k] == pytest.approx(alone(keys[k]) * first.overlap_scale + first.launch_us_per_op * len(ops),
+        assert first.costs[k] == pytest.approx(max(profiling.MIN_TIME_US, alone(keys[k]) * first.overlap_scale
+                                                   + first.launch_us_per_op * len(ops)),
                                                rel=1e-12)
     again = profile(lg.node_ops)
     assert again.hits == lg.graph.n and again.costs == first.costs
@@ -247,7 +248,8 @@ def test_node_cost_is_its_time_alone_plus_its_ops_share_of_the_step(tmp_path):
     other = profile(lg.node_ops[:-1])
     assert other.hits == lg.graph.n - 1 and other.misses == 0
     for k, ops in enumerate(lg.node_ops[:-1]):
-        assert other.costs[k] == pytest.approx(alone(keys[k]) * other.overlap_scale + other.launch_us_per_op * len(ops),
+        assert other.costs[k] == pytest.approx(max(profiling.MIN_TIME_US, alone(keys[k]) * other.overlap_scale
+                                                   + other.launch_us_per_op * len(ops)),
                                                rel=1e-12)
 
 
