@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
            "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
-           "COMBINED_BOUND_MAX_NONZEROS"]
+           "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS"]
 
 
 # ------------------------------------------------------------------------------------------ bounds
@@ -165,15 +165,26 @@ def drop_holds_unread_by(graph: "Graph", retain: np.ndarray, recompute: np.ndarr
 # over the moments that need drops): about 10^7 nonzeros take HiGHS tens of seconds, and the bound of
 # the single worst moment still holds.
 COMBINED_BOUND_MAX_NONZEROS = 4_000_000
+# The recomputations' inputs (:func:`_closure_extra`) enter the programme for the moments of largest
+# single-moment bound first, until this many (value, input) pairs; the moments left out keep their
+# plain rows, so the bound stays valid and at least the combined one. 20 000 pairs gave the bound of
+# every moment on the 326- and 446-node U-Nets at 30-40% (0.3-0.5 s) and DenseNet121's best at 60% in
+# 3 s (its 880 000 pairs did not solve in five minutes).
+# Measured: experiments/results/README.md, section i.
+CLOSURE_BOUND_MAX_PAIRS = 20_000
 
 
-def _moments(graph: "Graph", budget_bytes: int
+def _moments(graph: "Graph", budget_bytes: int, *, closure: bool = False
              ) -> tuple[list[np.ndarray], list[float], list[np.ndarray]] | None:
     """For each moment a node first runs at which holding every value still needed exceeds the budget:
     the values that may be dropped then (recomputable, still read by a later node), the excess bytes
     that must be dropped, and each droppable value's *window* there (see :func:`_combined_extra`): a
     column number, one per value and span between two consecutive first-time readers of it. None when
-    some moment cannot fit even with every droppable value dropped."""
+    some moment cannot fit even with every droppable value dropped.
+
+    ``closure=True`` adds a fourth list: per moment, the ``(v, u)`` pairs of :func:`_recompute_inputs`
+    (a value ``v`` that may be computed again after the moment and an input ``u`` of it that nothing
+    keeps resident then)."""
     n = graph.n
     # value v's windows are numbered from window_start[v]: window j spans from its j-th first-time
     # reader (its own computation for j = 0) to the next; readers_before[v] counts v's readers < t
@@ -187,6 +198,7 @@ def _moments(graph: "Graph", budget_bytes: int
     droppables: list[np.ndarray] = []
     excesses: list[float] = []
     windows: list[np.ndarray] = []
+    pairs: list[np.ndarray] = []
     for t in range(1, n):
         prev_inputs = list(graph.deps[t - 1])
         if prev_inputs:
@@ -207,7 +219,46 @@ def _moments(graph: "Graph", budget_bytes: int
         droppables.append(droppable)
         excesses.append(float(excess))
         windows.append(window_start[droppable] + readers_before[droppable])
+        if closure:
+            # resident anyway at this moment, whatever is dropped: its inputs, the outputs so far,
+            # the values that must be or cost nothing to be held, and everything not computed yet
+            free = (order >= t) | output | (mem == 0) | (alive & ~graph.recomputable)
+            if inputs:
+                free[inputs] = True
+            pairs.append(_recompute_inputs(graph, droppable, alive, free))
+    if closure:
+        return droppables, excesses, windows, pairs
     return droppables, excesses, windows
+
+
+def _recompute_inputs(graph: "Graph", droppable: np.ndarray, alive: np.ndarray, free: np.ndarray) -> np.ndarray:
+    """The inputs a recomputation after a moment needs that nothing else keeps resident at it.
+
+    A value ``v`` computed again after the moment needs each input ``u`` present when it runs, so
+    ``u`` was held from the moment on (its bytes count then) or is itself computed again after it.
+    An input that is resident anyway (``free``) or still needed later (``alive``: held or computed
+    again on its own account, which the moment's own rows already ask) adds nothing. The others are
+    the values no longer needed, like the input of a skip connection's encoder layer long after the
+    encoder ran: dropping the skip value does not free its bytes unless its input's are held, or the
+    chain below it is computed again as well. Returns the ``(v, u)`` pairs, ``v`` droppable or such
+    an input itself (following the chain while it is recomputable), as an ``(k, 2)`` array.
+    """
+    deps = graph.deps
+    recomputable = graph.recomputable
+    pairs: list[tuple[int, int]] = []
+    seen: set[int] = set()
+    stack = droppable.tolist()
+    while stack:
+        v = stack.pop()
+        for u in deps[v]:
+            if free[u] or alive[u]:
+                continue
+            pairs.append((v, u))
+            if u not in seen:
+                seen.add(u)
+                if recomputable[u]:
+                    stack.append(u)
+    return np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
 
 
 def _knapsack_extra(graph: "Graph", droppable: np.ndarray, excess: float) -> float:
@@ -277,6 +328,118 @@ def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list
     return max(float(y.sum()) - float(z.sum()), 0.0)
 
 
+def _closure_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[float],
+                   windows: list[np.ndarray], pairs: list[np.ndarray]) -> float:
+    """:func:`_combined_extra`'s programme with what a recomputation needs at each moment (0 when it
+    cannot be computed).
+
+    At moment ``m`` a value ``v`` not resident is computed again after it (``x[v, j]`` as there).
+    Every input ``u`` of a value computed again after ``m`` is present when that runs: resident at
+    ``m`` and held on, or computed again after ``m`` itself. For the inputs :func:`_recompute_inputs`
+    lists (no longer needed at ``m``, so nothing else keeps them), that is one more variable per moment
+    and input, ``h[m, u]`` (held at ``m``: its bytes count in ``m``'s row), and the rows
+
+    * ``h[m, u] + r[m, u] >= d[m, v]`` where ``d[m, v] <= x[v, j(v, m)]`` says ``v`` is not resident at
+      ``m`` (for a droppable ``v``) or ``r[m, v]`` that it is computed again after ``m`` (for such an
+      input, whose only window left is the one after its last reader: ``r[m, u] <= x[u, last]``);
+    * ``sum(mem[v] * d[m, v]) - sum(mem[u] * h[m, u]) >= excess[m]``.
+
+    Every schedule gives a solution (its own drops, holds and recomputations, read as 0/1), so the
+    optimum is at most its recomputation cost; the returned value is again checked by weak duality
+    with every variable in ``[0, 1]``. Where a moment lists no such input this is the combined
+    programme's row, so the optimum is at least :func:`_combined_extra`'s. On a U-Net this is what
+    makes dropping a skip value expensive: its input, read last when the encoder ran, must be held
+    or the encoder's chain computed again.
+    """
+    nonzeros = sum(len(d) for d in droppables) + 4 * sum(len(p) for p in pairs)
+    if not droppables or nonzeros > COMBINED_BOUND_MAX_NONZEROS:
+        return 0.0
+    try:
+        import scipy.sparse as sp
+        from scipy.optimize import linprog
+    except ImportError:  # pragma: no cover - scipy is a dependency of the solvers
+        return 0.0
+    mem = graph.mem.astype(np.float64)
+    window_start = np.concatenate([[0], np.cumsum([len(u) + 1 for u in graph.users])[:-1]]).astype(np.int64)
+    last_window = window_start + np.array([len(u) for u in graph.users], dtype=np.int64)
+    # entries keyed by column: a window number >= 0 for x, -1 - k for the k-th per-moment variable
+    row_of: list[int] = []
+    key_of: list[int] = []
+    value_of: list[float] = []
+    rhs: list[float] = []
+    aux = 0
+
+    def entry(row: int, key: int, value: float) -> None:
+        row_of.append(row)
+        key_of.append(key)
+        value_of.append(value)
+
+    plain_rows: list[np.ndarray] = []   # the moments without listed inputs: their one row, in bulk
+    plain_keys: list[np.ndarray] = []
+    plain_values: list[np.ndarray] = []
+    for droppable, excess, window, pair in zip(droppables, excesses, windows, pairs):
+        check_deadline()
+        memory_row = len(rhs)
+        rhs.append(1.0)
+        if not len(pair):
+            plain_rows.append(np.full(len(droppable), memory_row, dtype=np.int64))
+            plain_keys.append(window)
+            plain_values.append(mem[droppable] / excess)
+            continue
+        sources = set(pair[:, 0].tolist())
+        needed = sorted(set(pair[:, 1].tolist()))
+        var: dict[int, int] = {}       # d[m, v] for a droppable v, r[m, u] for a listed input u
+        held: dict[int, int] = {}      # h[m, u]
+        for v, j in zip(droppable.tolist(), window.tolist()):
+            if v in sources:
+                var[v] = -1 - aux
+                aux += 1
+                entry(memory_row, var[v], mem[v] / excess)
+                entry(len(rhs), j, 1.0)                 # x[v, j] - d[m, v] >= 0
+                entry(len(rhs), var[v], -1.0)
+                rhs.append(0.0)
+            else:
+                entry(memory_row, j, mem[v] / excess)
+        for u in needed:
+            held[u] = -1 - aux
+            aux += 1
+            entry(memory_row, held[u], -mem[u] / excess)
+            if u in sources:
+                var[u] = -1 - aux
+                aux += 1
+                entry(len(rhs), int(last_window[u]), 1.0)  # x[u, last] - r[m, u] >= 0
+                entry(len(rhs), var[u], -1.0)
+                rhs.append(0.0)
+        for v, u in pair.tolist():
+            row = len(rhs)
+            rhs.append(0.0)
+            entry(row, held[u], 1.0)
+            if u in var:
+                entry(row, var[u], 1.0)
+            elif graph.recomputable[u]:
+                entry(row, int(last_window[u]), 1.0)
+            entry(row, var[v], -1.0)
+    keys = np.concatenate([np.asarray(key_of, dtype=np.int64), *plain_keys])
+    row_of = np.concatenate([np.asarray(row_of, dtype=np.int64), *plain_rows])
+    value_of = np.concatenate([np.asarray(value_of, dtype=np.float64), *plain_values])
+    is_x = keys >= 0
+    used, x_cols = np.unique(keys[is_x], return_inverse=True)
+    cols = np.empty(len(keys), dtype=np.int64)
+    cols[is_x] = x_cols
+    cols[~is_x] = len(used) + (-1 - keys[~is_x])
+    # the value each window column computes again: window number -> value
+    value_at = np.repeat(np.arange(graph.n), np.diff(np.concatenate([window_start, [window_start[-1] + len(graph.users[-1]) + 1]])))
+    cost = np.concatenate([graph.cost[value_at[used]].astype(np.float64), np.zeros(aux)])
+    b = np.asarray(rhs, dtype=np.float64)
+    A = sp.csr_matrix((value_of, (row_of, cols)), shape=(len(b), len(cost)))
+    res = linprog(cost, A_ub=-A, b_ub=-b, bounds=(0.0, 1.0), method="highs")
+    if res.status != 0 or res.ineqlin is None:
+        return 0.0
+    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+    z = np.maximum(A.T @ y - cost, 0.0)
+    return max(float(y @ b) - float(z.sum()), 0.0)
+
+
 def cost_lower_bound(graph: "Graph", budget_bytes: int) -> float:
     """A lower bound on the compute cost of every schedule that fits ``budget_bytes``, at any scale.
 
@@ -294,10 +457,26 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int) -> float:
     columns and a row per moment that needs drops.
     """
     base = float(graph.cost.sum())
-    found = _moments(graph, budget_bytes)
+    found = _moments(graph, budget_bytes, closure=True)
     if found is None:
         return math.inf
-    droppables, excesses, windows = found
+    droppables, excesses, windows, pairs = found
     check_deadline()
-    single = max((_knapsack_extra(graph, d, e) for d, e in zip(droppables, excesses)), default=0.0)
-    return base + max(single, _combined_extra(graph, droppables, excesses, windows))
+    singles = [_knapsack_extra(graph, d, e) for d, e in zip(droppables, excesses)]
+    single = max(singles, default=0.0)
+    combined = _combined_extra(graph, droppables, excesses, windows)
+    return base + max(single, combined, _closure_extra(graph, droppables, excesses, windows,
+                                                       _worst_moments_pairs(pairs, singles)))
+
+
+def _worst_moments_pairs(pairs: list[np.ndarray], singles: list[float]) -> list[np.ndarray]:
+    """``pairs`` kept for the moments of largest single-moment bound, at most
+    :data:`CLOSURE_BOUND_MAX_PAIRS` in all (empty for the others; ties kept in moment order)."""
+    kept = [np.empty((0, 2), dtype=np.int64)] * len(pairs)
+    total = 0
+    for m in np.argsort(-np.asarray(singles, dtype=np.float64), kind="stable").tolist():
+        if total + len(pairs[m]) > CLOSURE_BOUND_MAX_PAIRS:
+            continue
+        kept[m] = pairs[m]
+        total += len(pairs[m])
+    return kept
