@@ -1104,6 +1104,13 @@ TUNED_CONSTANTS = [
      "program per node in the same budget measured 27 of 416 in 15.8 s and 0 of 1654 in 41.3 s (recording "
      "the nodes' inputs alone overran it). Earlier, per node: a 500-node layer graph measured about 100-200 "
      "nodes in this time."),
+    ("`CLOSURE_BOUND_MAX_PAIRS` (`bounds.py`)", "20 000",
+     "The (value, input) pairs of the recomputations' inputs in `cost_lower_bound`'s programme, for the "
+     "moments of largest single bound first (scratch script, 2 loaded cores). Diffusion-style U-Nets at 40% "
+     "and 30%: every moment's pairs (41 000 on 326 nodes, 77 000 on 446) gave 1.0233x and 1.0483x (326) and "
+     "1.0213x and 1.0413x (446) in 0.6-1.6 s; 10 000 and 20 000 pairs (67 and 96 moments) the same in "
+     "0.2-0.9 s. DenseNet121 at 60%: 20 000 pairs (36 moments) 1.0372x in 3.0 s, 50 000 (82 moments) "
+     "1.0371x in 4.1 s; its 880 000 pairs did not solve in five minutes; the moments alone 1.0173x."),
 ]
 
 
