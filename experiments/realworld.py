@@ -16,9 +16,10 @@ inputs) at small random-init configurations (no download), batch 8. For each mod
   was resident, :func:`checkmate.tf2.measure_peak_memory`);
 * the losses of the first two batches against plain ``fit`` from the same weights (relative
   difference), and the epoch time of ``fit`` against plain ``fit`` (epochs interleaved, each round
-  in the other order, the first epoch of each, with its tracing and compiling, left out), the
+  starting one further on, the first epoch of each, with its tracing and compiling, left out), the
   minimum of the timed epochs (the median beside it), in wall time and in the process's CPU time
-  (which other jobs on a shared machine disturb less).
+  (which other jobs on a shared machine disturb less); beside it a control, a second plain model
+  from the same weights timed in the same rounds, whose ratio to the first is the noise floor.
 
 B is ``"50%"`` (of checkpoint-all's peak) for transformers and language models and ``"50%
 activations"`` for CNNs, whose weights dominate the step at these sizes (``"70% activations"`` for
@@ -60,7 +61,8 @@ FIELDS = ["model", "kind", "parameters", "budget", "nodes", "level", "split_laye
           "loss_rel_diff_batch2", "epoch_seconds", "plain_epoch_seconds", "epoch_over_plain", "epoch_cpu_seconds",
           "plain_epoch_cpu_seconds", "epoch_cpu_over_plain", "epoch_seconds_median", "plain_epoch_seconds_median",
           "epoch_over_plain_median", "epoch_cpu_seconds_median", "plain_epoch_cpu_seconds_median",
-          "epoch_cpu_over_plain_median"]
+          "epoch_cpu_over_plain_median", "control_over_plain", "control_cpu_over_plain", "control_over_plain_median",
+          "control_cpu_over_plain_median"]
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -301,12 +303,17 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
     # plain fit logs the mean of the batches so far: batch 2's own loss is 2 * log2 - log1
     own = lambda logs: [logs[0], 2 * logs[1] - logs[0]]
     diffs = [abs(a - b) / abs(a) for a, b in zip(own(plain_losses), own(remat_losses))]
-    times = {"plain": ([], []), "remat": ([], [])}     # wall seconds, CPU seconds of each timed epoch
-    runs = {"plain": plain, "remat": trainer}
+    # a second plain model from the same weights, timed as the others are: what the same work measures
+    # twice on this machine (the noise floor of the ratios), trained once before timing as the others were
+    control = twins(name)[0]
+    control.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    times = {"plain": ([], []), "remat": ([], []), "control": ([], [])}   # wall, CPU seconds of each timed epoch
+    runs = {"plain": plain, "remat": trainer, "control": control}
+    order = list(runs)
     for r in range(epochs):
-        # interleaved, each round in the other order, so that neither is always the one run right after
-        # the other (with the caches and thread pools it left) and a load that comes and goes falls on both
-        for side in (("plain", "remat") if r % 2 == 0 else ("remat", "plain")):
+        # interleaved, each round starting one further on, so that none is always the one run right after
+        # another (with the caches and thread pools it left) and a load that comes and goes falls on all
+        for side in order[r % 3:] + order[:r % 3]:
             t, c = time.perf_counter(), time.process_time()
             runs[side].fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
             times[side][0].append(time.perf_counter() - t)
@@ -332,9 +339,11 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
     for stat, f in (("", np.min), ("_median", np.median)):
         for unit, k in (("", 0), ("_cpu", 1)):
             remat_s, plain_s = float(f(times["remat"][k])), float(f(times["plain"][k]))
+            control_s = float(f(times["control"][k]))
             row[f"epoch{unit}_seconds{stat}"] = round(remat_s, 3)
             row[f"plain_epoch{unit}_seconds{stat}"] = round(plain_s, 3)
             row[f"epoch{unit}_over_plain{stat}"] = round(remat_s / plain_s, 3) if plain_s > 0 else None
+            row[f"control{unit}_over_plain{stat}"] = round(control_s / plain_s, 3) if plain_s > 0 else None
     print(step.summary(), flush=True)
     print(row, flush=True)
     return row
@@ -344,7 +353,8 @@ COLUMNS = [("model", "model"), ("budget", "budget"), ("nodes", "nodes"), ("level
            ("split_layers", "layers split"), ("compile", "compile"), ("overhead_at_budget", "overhead at budget"),
            ("overhead_50pct_activations", "overhead at 50% act."), ("overhead_25pct_activations", "at 25% act."),
            ("peak_over_plain", "peak / plain"), ("loss", "loss rel. diff (batch 1, 2)"),
-           ("epoch", "epoch / plain fit"), ("epoch_cpu", "epoch CPU time / plain fit")]
+           ("epoch", "epoch / plain fit"), ("epoch_cpu", "epoch CPU time / plain fit"),
+           ("control", "control: plain twin / plain fit, wall / CPU")]
 
 
 def source_commit() -> str | None:
@@ -377,13 +387,17 @@ def write_markdown(path: Path, rows: list[dict], command: str, commit: str | Non
                                f"{row['plain_epoch_seconds']} s; median {fmt_ratio(row.get('epoch_over_plain_median'), 3)})",
                       "epoch_cpu": f"{fmt_ratio(row.get('epoch_cpu_over_plain'), 3)} ({row['epoch_cpu_seconds']} s vs "
                                    f"{row['plain_epoch_cpu_seconds']} s; median "
-                                   f"{fmt_ratio(row.get('epoch_cpu_over_plain_median'), 3)})"})
+                                   f"{fmt_ratio(row.get('epoch_cpu_over_plain_median'), 3)})",
+                      "control": f"{fmt_ratio(row.get('control_over_plain'), 3)} / "
+                                 f"{fmt_ratio(row.get('control_cpu_over_plain'), 3)}"})
     path.write_text("# Real models through RematModel with a budget only\n\n"
                     f"Command: `{command}`" + (f" (commit {commit})" if commit else "") + "\n\n"
                     "Epoch times: the minimum of the timed epochs of each (the median in brackets), interleaved, each "
-                    "round in the other order; the minimum is the statistic used, since other jobs on a shared "
+                    "round starting one further on; the minimum is the statistic used, since other jobs on a shared "
                     "machine only ever add time to an epoch's fixed work. The CPU time is the process's, which "
-                    "other jobs disturb less than the wall time.\n\n"
+                    "other jobs disturb less than the wall time. The control is a second plain model from the same "
+                    "weights timed in the same rounds: what the same work measures twice here, the noise floor of "
+                    "the ratios.\n\n"
                     + markdown_table(shown, COLUMNS) + "\n")
 
 
