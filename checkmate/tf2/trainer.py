@@ -274,11 +274,19 @@ class StepTimeReport(keras.callbacks.Callback):
                 step.predicted.overhead)
             return
         data = self.remat_model._timing_batch
-        if data is None:        # a wrapper of a step compiled beforehand: the step against the plain one
+        measured = None
+        if data is not None:
+            try:
+                measured = measure_against_keras(self.remat_model, data, self.repeats)
+                step.measured = measured
+            except (ValueError, TypeError, tf.errors.OpError) as exc:
+                # Keras' own train step refuses some of what RematModel trains exactly (a per-sample
+                # weight on a per-token loss compiled in the wrapper); the report must not stop fit()
+                logging.getLogger("checkmate.tf2").info(
+                    "checkmate: Keras' own train step could not run the first batch (%s); the step is timed "
+                    "against the plain traced train step instead", str(exc).splitlines()[0][:200])
+        if measured is None:        # also a wrapper of a step compiled beforehand
             measured = step.measure_time(repeats=self.repeats)
-        else:
-            measured = measure_against_keras(self.remat_model, data, self.repeats)
-            step.measured = measured
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
                 f"{step.predicted.overhead:.3f}x; {measured.describe()})")
         logging.getLogger("checkmate.tf2").info(line)
