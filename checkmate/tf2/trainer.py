@@ -38,8 +38,8 @@ PARTIAL_BATCHES = ("auto", "pad", "compile")
 # Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
 # would change the real rows' outputs and the layer's moving statistics.
 BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
-# Repeats of the measurement after RematModel's first epoch: each runs both steps once, so the report
-# costs about 2 x this many steps, once per fit.
+# Repeats of the measurement after RematModel's first epoch: each runs both train functions once, so the
+# report costs about 2 x this many steps and one trace of Keras' own train step, once per compiled step.
 STEP_TIME_REPORT_REPEATS = 7
 # The Keras registered name of RematModel, the form a saved wrapper of a compiled step loads back as.
 MODEL_FORM_NAME = "checkmate>RematModel"
