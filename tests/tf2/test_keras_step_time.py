@@ -162,3 +162,28 @@ def test_epochs_and_fit_calls_after_the_first_trace_nothing_again():
     # a short last batch is padded to the compiled step (no batch statistics): one trace of its shape
     trainer.fit(x[:20], y[:20], batch_size=8, epochs=2, shuffle=False, verbose=0)
     assert traced == [(8, 12), (4, 12)] and set(trainer.compiled_steps) == {8}
+
+
+def test_report_times_the_step_where_keras_own_train_step_cannot_run(caplog, monkeypatch):
+    """Keras' own train step refusing the batch does not stop fit(): the step is timed against the plain
+    traced train step instead, and the log says why."""
+    from checkmate.tf2 import timing, trainer as trainer_module
+
+    def refuses(*args, **kwargs):
+        raise ValueError("Dimensions must be equal, but are 12 and 8\nmore detail")
+
+    monkeypatch.setattr(trainer_module, "measure_against_keras", refuses)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 12)).astype("float32")
+    y = rng.integers(0, 5, (16,)).astype("int32")
+    trainer = checkmate.tf2.RematModel(mlp(), budget="100%", strategy="checkpoint_all",
+                                       compile_options={"cost_model": "flops"})
+    trainer.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with caplog.at_level(logging.INFO, logger="checkmate.tf2"):
+        history = trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 2
+    measured = trainer.compiled_step().measured
+    assert measured is not None and measured.reference == timing.TRAIN_STEP_REFERENCE
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("could not run the first batch (Dimensions must be equal, but are 12 and 8)" in m for m in messages)
+    assert sum("checkmate: step time" in m for m in messages) == 1
