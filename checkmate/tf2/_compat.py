@@ -217,3 +217,21 @@ def keras_hub_pipeline(model: object):
                 return module
             return None
     return None
+
+
+# --- Keras' own train function -----------------------------------------------------------------------
+
+def keras_train_function(model: object, step_function: Callable):
+    """The train function Keras' ``fit`` makes for ``model`` around ``step_function`` (a train step of one
+    batch): a ``tf.function`` that takes the next batch from a ``tf.data`` iterator inside the graph and
+    runs the step in the model's distribution strategy, compiled with XLA where Keras' default
+    ``jit_compile="auto"`` would compile it (Keras 3.15, TensorFlow backend:
+    ``TensorFlowTrainer._make_function``, which ``make_train_function`` calls with ``train_step``,
+    reading ``jit_compile`` as it makes it; ``Trainer._resolve_auto_jit_compile``: off on a CPU-only
+    machine)."""
+    previous = model._jit_compile
+    model._jit_compile = model._resolve_auto_jit_compile()
+    try:
+        return model._make_function(step_function)
+    finally:
+        model._jit_compile = previous

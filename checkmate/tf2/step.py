@@ -326,13 +326,15 @@ class CompiledStep:
         """One optimizer step on ``(x, y)``; returns the loss (under a strategy: of the global batch)."""
         return self.train_flat(*self.function.flat_args(x, y))
 
-    def measure_time(self, x: Any = None, y: Any = None, *, repeats: int = 15) -> "MeasuredTime":
-        """Time this step's gradients against the plain traced step (``tf.GradientTape``, Grappler on,
-        as users run it) on ``(x, y)`` (default: a random batch of the compiled shapes), interleaved in
-        one process, median of ``repeats`` each after a warm-up call; the ratio is what the predicted
-        overhead predicts. Kept in :attr:`measured` and shown by :meth:`summary`. Model state the
-        step updates (BatchNorm statistics, dropout seeds) is restored afterwards."""
-        self.measured = measure_step_time(self, x, y, repeats=repeats)
+    def measure_time(self, x: Any = None, y: Any = None, *, repeats: int = 15,
+                     gradients_only: bool = False) -> "MeasuredTime":
+        """Time a training step of this step (its gradients and the optimizer's update) against the
+        plain traced step with the same update (``tf.GradientTape``, Grappler on, as users run it) on
+        ``(x, y)`` (default: a random batch of the compiled shapes), interleaved in one process, median
+        of ``repeats`` each after a warm-up call; ``gradients_only=True`` times the gradients alone.
+        Kept in :attr:`measured` and shown by :meth:`summary`. The model's and the optimizer's
+        variables are put back afterwards: measuring trains nothing."""
+        self.measured = measure_step_time(self, x, y, repeats=repeats, gradients_only=gradients_only)
         return self.measured
 
     # ------------------------------------------------------------------------------ Keras

@@ -1,13 +1,16 @@
 """Timing a compiled step against the plain one: interleaved repeats in one process, medians.
 
 :func:`measure_step_time` gives a :class:`MeasuredTime` (what :meth:`CompiledStep.measure_time
-<checkmate.tf2.step.CompiledStep.measure_time>` keeps and the summary shows); :func:`interleaved_times`
-runs several functions in turn so that the machine's load weighs on each alike. This module does not
-import :mod:`checkmate.tf2.step`, which uses it.
+<checkmate.tf2.step.CompiledStep.measure_time>` keeps and the summary shows): a whole training step,
+the optimizer update included, as users run one, against the plain traced step with the same
+update; ``gradients_only=True`` times the gradients alone. :func:`interleaved_times` runs several
+functions in turn so that the machine's load weighs on each alike; :func:`preserved_state` puts back
+what the timed steps changed. This module does not import :mod:`checkmate.tf2.step`, which uses it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
@@ -21,7 +24,12 @@ from checkmate.tf2.lowered import LoweredGraph
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "time_step_s", "random_batch"]
+__all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "time_step_s", "random_batch", "preserved_state",
+           "plain_train_function", "TRAIN_STEP_REFERENCE", "GRADIENTS_REFERENCE"]
+
+# What a measured ratio is against (MeasuredTime.reference)
+TRAIN_STEP_REFERENCE = "the plain traced train step (gradients and optimizer update)"
+GRADIENTS_REFERENCE = "the plain traced step's gradients"
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,7 @@ class MeasuredTime:
     plain_seconds: float        # median of the plain traced step's
     repeats: int
     cpu_ratio: float | None = None   # the same ratio in process CPU time (robust to other processes)
+    reference: str = TRAIN_STEP_REFERENCE    # what plain_seconds timed
 
     @property
     def ratio(self) -> float:
@@ -39,8 +48,8 @@ class MeasuredTime:
 
     def describe(self) -> str:
         cpu = f", CPU time {self.cpu_ratio:.3f}x" if self.cpu_ratio is not None else ""
-        return (f"{self.step_seconds * 1e3:.1f} ms vs {self.plain_seconds * 1e3:.1f} ms, median of "
-                f"{self.repeats}{cpu}")
+        return (f"{self.step_seconds * 1e3:.1f} ms vs {self.plain_seconds * 1e3:.1f} ms of {self.reference}, "
+                f"median of {self.repeats}{cpu}")
 
 
 def _state_variables(model: Any) -> list:
@@ -49,12 +58,50 @@ def _state_variables(model: Any) -> list:
 
 
 def _snapshot(variables: Sequence[Any]) -> list:
-    return [tf.identity(v) for v in variables]
+    # host copies: a device that trains near its memory limit has no room for a second set of weights
+    return [v.numpy() for v in variables]
 
 
 def _restore(variables: Sequence[Any], values: Sequence[Any]) -> None:
     for v, value in zip(variables, values):
         v.assign(value)
+
+
+@contextlib.contextmanager
+def preserved_state(*groups: Sequence[Any]):
+    """Put back the values of every variable in ``groups`` (a model's weights and state, an optimizer's
+    slots and iteration count, metrics' totals) as they were on entry: timing whole training steps
+    updates them, and a measurement must not train the model."""
+    seen: dict = {}
+    for group in groups:
+        for v in group:
+            seen.setdefault(id(v), v)
+    variables = list(seen.values())
+    before = _snapshot(variables)
+    try:
+        yield
+    finally:
+        _restore(variables, before)
+
+
+def plain_train_function(step: "CompiledStep"):
+    """The plain traced step with ``step``'s optimizer update, as one ``tf.function`` over the step's flat
+    inputs returning the loss: the training step a user writes with ``tf.GradientTape`` (Grappler on)."""
+    lowered = step.lowered
+    plain = lowered.function
+    optimizer = step.optimizer
+    variables = step.variables
+    count = len(lowered.grad_tensors)
+
+    # the traced step takes (x, y) structured (dict inputs; labels with their sample weights)
+    args, _ = plain.structured_input_signature
+
+    def train(*flat):
+        out = plain(*tf.nest.pack_sequence_as(args, flat))
+        optimizer.apply_gradients(zip(out[1:1 + count], variables))
+        return out[0]
+
+    return tf.function(train, input_signature=step.function.input_specs, autograph=False)
 
 
 def time_step_s(fn: Any, *args: Any, steps: int = 3) -> float:
@@ -100,25 +147,31 @@ def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tupl
     return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
 
 
-def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, repeats: int = 15):
-    """:class:`MeasuredTime` of ``step``'s gradients against the plain traced step
-    (Grappler on, as users run it), interleaved (:func:`interleaved_times`); ``(x, y)`` default to a
-    random batch of the compiled shapes. The model's state variables are restored afterwards."""
+def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, repeats: int = 15,
+                      gradients_only: bool = False):
+    """:class:`MeasuredTime` of a training step of ``step`` (its gradients and its optimizer's update) against
+    the plain traced step with the same update (Grappler on, as users run it), interleaved
+    (:func:`interleaved_times`); ``gradients_only=True`` times the gradients alone against the plain
+    step's. ``(x, y)`` default to a random batch of the compiled shapes. The model's variables and the
+    optimizer's are put back afterwards: the measurement trains nothing."""
     if step.distribution is not None:
         raise InvalidArgumentError("measure_step_time times one replica's step against the plain one: compile the "
                                    "step without a tf.distribute strategy to measure it")
     if x is None or y is None:
         x, y = random_batch(step.lowered, step.model)
     flat = step.function.flat_args(x, y)
-    state = _state_variables(step.model)
-    before = _snapshot(state)
-    try:
-        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
-            [step.function.call_flat, step.lowered.function], *flat, repeats=repeats)
-    finally:
-        _restore(state, before)
+    if gradients_only:
+        args, _ = step.lowered.function.structured_input_signature
+        fns = [step.function.call_flat, lambda *flat: step.lowered.function(*tf.nest.pack_sequence_as(args, flat))]
+        reference = GRADIENTS_REFERENCE
+    else:
+        fns, reference = [step.train_flat, plain_train_function(step)], TRAIN_STEP_REFERENCE
+        step._build_optimizer()      # its slots exist before they are saved
+    optimizer_variables = [] if gradients_only else list(getattr(step.optimizer, "variables", ()))
+    with preserved_state(step.model.variables, optimizer_variables):
+        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(fns, *flat, repeats=repeats)
     return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
-                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None)
+                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=reference)
 
 
 def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:

@@ -27,7 +27,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
 __all__ = ["StepTrainer", "StepTimeReport", "check_no_custom_train_step", "check_budget_form", "PARTIAL_BATCHES",
-           "BATCH_STATISTICS_LAYERS", "has_batch_statistics", "STEP_TIME_REPORT_REPEATS", "MODEL_FORM_NAME"]
+           "BATCH_STATISTICS_LAYERS", "has_batch_statistics", "STEP_TIME_REPORT_REPEATS", "MODEL_FORM_NAME",
+           "measure_against_keras", "KERAS_REFERENCE"]
 
 _log = logging.getLogger("checkmate.tf2")
 # How RematModel trains a batch smaller than a compiled one (see its docstring): "pad" it to the
@@ -37,8 +38,8 @@ PARTIAL_BATCHES = ("auto", "pad", "compile")
 # Keras layers whose training forward pass reads statistics of the whole batch, so that padded rows
 # would change the real rows' outputs and the layer's moving statistics.
 BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
-# Repeats of the measurement after RematModel's first epoch: each runs both steps once, so the report
-# costs about 2 x this many steps, once per fit.
+# Repeats of the measurement after RematModel's first epoch: each runs both train functions once, so the
+# report costs about 2 x this many steps and one trace of Keras' own train step, once per compiled step.
 STEP_TIME_REPORT_REPEATS = 7
 # The Keras registered name of RematModel, the form a saved wrapper of a compiled step loads back as.
 MODEL_FORM_NAME = "checkmate>RematModel"
@@ -213,11 +214,43 @@ def _task_fit_inputs(model: Any, x: Any, y: Any, batch_size: Any, epochs: int, k
     return x, None, None, kwargs
 
 
+# What RematModel's step-time report measures against (MeasuredTime.reference)
+KERAS_REFERENCE = "Keras' own train step (keras.Model.train_step in Keras' train function)"
+
+
+def measure_against_keras(trainer: "StepTrainer", data: Any, repeats: int = STEP_TIME_REPORT_REPEATS):
+    """:class:`~checkmate.tf2.timing.MeasuredTime` of ``trainer``'s train function (what its ``fit`` runs
+    per batch) against the train function plain Keras ``fit`` runs for the same model, loss, optimizer
+    and metrics (``keras.Model.train_step``: forward, loss, ``tf.GradientTape``, optimizer update,
+    metrics), both taking ``data`` (one batch ``(x, y, sample_weight)``) from a ``tf.data`` iterator,
+    interleaved (:func:`~checkmate.tf2.timing.interleaved_times`). The model's, the optimizer's and the
+    metrics' variables are put back afterwards: the measurement trains nothing."""
+    import functools
+
+    from checkmate.tf2.timing import MeasuredTime, interleaved_times, preserved_state
+
+    def source():
+        return iter(tf.data.Dataset.from_tensors(data).repeat())
+
+    ours = trainer.make_train_function()
+    # Keras' own train step of this model (a RematModel's call() is the wrapped model's), in the train
+    # function Keras' fit makes around it
+    keras_step = _compat.keras_train_function(trainer, functools.partial(keras.Model.train_step, trainer))
+    batches = {"ours": source(), "keras": source()}
+    metric_variables = [v for m in trainer.metrics for v in m.variables]
+    with preserved_state(trainer.inner.variables, trainer.optimizer.variables, metric_variables):
+        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
+            [lambda: ours(batches["ours"]), lambda: keras_step(batches["keras"])], repeats=repeats)
+    return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
+                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=KERAS_REFERENCE)
+
+
 class StepTimeReport(keras.callbacks.Callback):
-    """After the first epoch of ``fit`` that trains a step not yet measured, measure it against the plain one
-    (:meth:`~checkmate.tf2.step.CompiledStep.measure_time`) and report the measured step-time ratio
-    beside the predicted overhead: on the ``checkmate.tf2`` logger, and on stdout when ``fit`` is
-    verbose. The result stays in ``step.measured`` (and in ``step.summary()``)."""
+    """After the first epoch of ``fit`` that trains a step not yet measured, measure the train function
+    against the one plain Keras ``fit`` runs (:func:`measure_against_keras`, on the first training
+    batch) and report the measured step-time ratio beside the predicted overhead: on the
+    ``checkmate.tf2`` logger, and on stdout when ``fit`` is verbose. The result stays in
+    ``step.measured`` (and in ``step.summary()``)."""
 
     def __init__(self, remat_model: Any, repeats: int = STEP_TIME_REPORT_REPEATS):
         super().__init__()
@@ -240,7 +273,20 @@ class StepTimeReport(keras.callbacks.Callback):
                 "checkmate: step time not measured under a tf.distribute strategy (predicted overhead %.3fx)",
                 step.predicted.overhead)
             return
-        measured = step.measure_time(repeats=self.repeats)
+        data = self.remat_model._timing_batch
+        measured = None
+        if data is not None:
+            try:
+                measured = measure_against_keras(self.remat_model, data, self.repeats)
+                step.measured = measured
+            except (ValueError, TypeError, tf.errors.OpError) as exc:
+                # Keras' own train step refuses some of what RematModel trains exactly (a per-sample
+                # weight on a per-token loss compiled in the wrapper); the report must not stop fit()
+                logging.getLogger("checkmate.tf2").info(
+                    "checkmate: Keras' own train step could not run the first batch (%s); the step is timed "
+                    "against the plain traced train step instead", str(exc).splitlines()[0][:200])
+        if measured is None:        # also a wrapper of a step compiled beforehand
+            measured = step.measure_time(repeats=self.repeats)
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
                 f"{step.predicted.overhead:.3f}x; {measured.describe()})")
         logging.getLogger("checkmate.tf2").info(line)
@@ -278,6 +324,8 @@ class StepTrainer(keras.Model):
         self._plan_doc = None if plan is None else read_plan(plan)
         self._steps: dict = {}
         self._main_batch: int | None = None
+        # the batch the first step was compiled for, (x, y, sample_weight): what the step-time report times
+        self._timing_batch = None
         self._show_status = False      # fit() with verbose != 0 shows a status line while compiling
         if getattr(model, "built", False):
             # shares the built model's variables: save_weights and summary need no call first
@@ -333,6 +381,7 @@ class StepTrainer(keras.Model):
         _loss_weight_lookup(kwargs.get("loss_weights"), self.inner)
         self._steps = {}
         self._main_batch = None
+        self._timing_batch = None
         result = super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
                                  **kwargs)
         # empty metric lists (KerasHub's examples pass weighted_metrics=[]) report nothing in Keras' fit
@@ -375,6 +424,8 @@ class StepTrainer(keras.Model):
         self._steps[batch] = step
         if self._main_batch is None:
             self._main_batch = batch
+            if self._replicated_distribution() is None:
+                self._timing_batch = (x, y) if sample_weight is None else (x, y, sample_weight)
         return step
 
     def _compile_step(self, x: Any, y: Any, batch: int, sample_weight: Any = None) -> "CompiledStep":

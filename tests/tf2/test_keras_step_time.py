@@ -49,8 +49,9 @@ class Spy(keras.callbacks.Callback):
             self.weights_after_epoch = [v.numpy() for v in self.trainer.inner.variables]
 
 
-def test_first_epoch_reports_a_real_interleaved_measurement_beside_the_prediction(caplog, capsys, monkeypatch):
+def test_first_epoch_reports_a_real_interleaved_measurement_against_keras_own_train_step(caplog, capsys, monkeypatch):
     from checkmate.tf2 import timing
+    from checkmate.tf2.trainer import KERAS_REFERENCE
 
     timed = []
     original = timing.interleaved_times
@@ -61,6 +62,15 @@ def test_first_epoch_reports_a_real_interleaved_measurement_beside_the_predictio
         return original(timed[-len(fns):], *args, **kwargs)
 
     monkeypatch.setattr(timing, "interleaved_times", counted)
+    keras_steps = []
+    keras_train_step = keras.Model.train_step
+
+    def keras_own(self, data):
+        # runs while Keras' own train function is traced
+        keras_steps.append(self)
+        return keras_train_step(self, data)
+
+    monkeypatch.setattr(keras.Model, "train_step", keras_own)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 12)).astype("float32")
     y = rng.integers(0, 5, (32,)).astype("int32")
@@ -74,9 +84,11 @@ def test_first_epoch_reports_a_real_interleaved_measurement_beside_the_predictio
     step = trainer.compiled_step()
     measured = step.measured
     assert measured is not None and measured.repeats == STEP_TIME_REPORT_REPEATS
-    # the compiled step's gradients and the plain step's were both run: a warm-up call and one per repeat
-    assert [t.fn for t in timed] == [step.function.call_flat, step.lowered.function]
+    assert measured.reference == KERAS_REFERENCE
+    # RematModel's train function and Keras' own (its train_step, on this model) were both run: a
+    # warm-up call and one per repeat
     assert [t.calls for t in timed] == [STEP_TIME_REPORT_REPEATS + 1] * 2
+    assert keras_steps and all(m is trainer for m in keras_steps)
     assert measured.step_seconds > 0 and measured.plain_seconds > 0
     assert measured.cpu_ratio is not None and measured.cpu_ratio > 0
     assert measured.ratio == pytest.approx(measured.step_seconds / measured.plain_seconds)
@@ -86,10 +98,42 @@ def test_first_epoch_reports_a_real_interleaved_measurement_beside_the_predictio
     assert len(lines) == 1
     assert (f"step time {measured.ratio:.3f}x the plain step (predicted overhead {step.predicted.overhead:.3f}x; "
             f"{measured.describe()})") in lines[0]
-    # measuring computes gradients only: the weights are those the epoch's batches left
+    assert "Keras' own train step" in lines[0]
+    # both train functions updated the weights, the optimizer and the loss tracker while timed: all of
+    # it is put back, so the weights are those the epoch's batches left
     for before, v in zip(spy.weights_after_epoch, trainer.inner.variables):
         np.testing.assert_array_equal(v.numpy(), before)
+    assert int(trainer.optimizer.iterations.numpy()) == 4
     assert f"measured {measured.ratio:.3f}x the plain step" in step.summary()
+
+
+def test_measure_step_time_times_the_whole_training_step_and_trains_nothing():
+    """A compiled step's measured time is a training step's (gradients and optimizer update) against
+    the plain traced step with the same update; gradients_only times the gradients alone. Neither
+    leaves the weights or the optimizer changed."""
+    from checkmate.tf2 import timing
+
+    model = mlp()
+    optimizer = keras.optimizers.Adam(0.1)
+    step = checkmate.tf2.compile(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), optimizer,
+                                 tf.TensorSpec((8, 12)), tf.TensorSpec((8,), tf.int32), budget="100%",
+                                 strategy="checkpoint_all", cost_model="flops")
+    rng = np.random.default_rng(2)
+    x = tf.constant(rng.standard_normal((8, 12)).astype("float32"))
+    y = tf.constant(rng.integers(0, 5, (8,)).astype("int32"))
+    step(x, y)       # the optimizer built and one step taken
+    weights = [v.numpy() for v in model.variables]
+    slots = [v.numpy() for v in optimizer.variables]
+    measured = step.measure_time(x, y, repeats=2)
+    assert measured.reference == timing.TRAIN_STEP_REFERENCE and measured.plain_seconds > 0
+    gradients = step.measure_time(x, y, repeats=2, gradients_only=True)
+    assert gradients.reference == timing.GRADIENTS_REFERENCE and step.measured is gradients
+    for before, v in zip(weights + slots, list(model.variables) + list(optimizer.variables)):
+        np.testing.assert_array_equal(v.numpy(), before)
+    # the plain train function does update: one call changes the weights and counts an iteration
+    timing.plain_train_function(step)(*step.function.flat_args(x, y))
+    assert int(optimizer.iterations.numpy()) == 2
+    assert any(not np.array_equal(v.numpy(), w) for v, w in zip(model.trainable_variables, weights))
 
 
 def test_epochs_and_fit_calls_after_the_first_trace_nothing_again():
@@ -118,3 +162,28 @@ def test_epochs_and_fit_calls_after_the_first_trace_nothing_again():
     # a short last batch is padded to the compiled step (no batch statistics): one trace of its shape
     trainer.fit(x[:20], y[:20], batch_size=8, epochs=2, shuffle=False, verbose=0)
     assert traced == [(8, 12), (4, 12)] and set(trainer.compiled_steps) == {8}
+
+
+def test_report_times_the_step_where_keras_own_train_step_cannot_run(caplog, monkeypatch):
+    """Keras' own train step refusing the batch does not stop fit(): the step is timed against the plain
+    traced train step instead, and the log says why."""
+    from checkmate.tf2 import timing, trainer as trainer_module
+
+    def refuses(*args, **kwargs):
+        raise ValueError("Dimensions must be equal, but are 12 and 8\nmore detail")
+
+    monkeypatch.setattr(trainer_module, "measure_against_keras", refuses)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 12)).astype("float32")
+    y = rng.integers(0, 5, (16,)).astype("int32")
+    trainer = checkmate.tf2.RematModel(mlp(), budget="100%", strategy="checkpoint_all",
+                                       compile_options={"cost_model": "flops"})
+    trainer.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    with caplog.at_level(logging.INFO, logger="checkmate.tf2"):
+        history = trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 2
+    measured = trainer.compiled_step().measured
+    assert measured is not None and measured.reference == timing.TRAIN_STEP_REFERENCE
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("could not run the first batch (Dimensions must be equal, but are 12 and 8)" in m for m in messages)
+    assert sum("checkmate: step time" in m for m in messages) == 1
