@@ -105,14 +105,16 @@ def test_costs_add_up_to_the_step(tmp_path):
     entry = next(e for e in profiling.ProfileCache(tmp_path).entries.values()
                  if e.get("kind") == "step_launch_us_per_op")
     step_net_us = entry["step_us"] - profiling._call_overhead_us(5, 1)
-    assert sum(result.costs) == pytest.approx(step_net_us, rel=1e-6)
+    # a node the scale takes below the least measurable time keeps that time (at most that much more)
+    clamp_us = profiling.MIN_TIME_US * lg.graph.n
+    assert step_net_us - 1e-6 <= sum(result.costs) <= step_net_us + clamp_us
     alone = profile(lg, tmp_path / "alone", time_budget_s=None, trace=False)
     assert 0 < alone.overlap_scale <= 1.0
     assert alone.overlap_scale == 1.0 or alone.launch_us_per_op == 0.0
     entry = next(e for e in profiling.ProfileCache(tmp_path / "alone").entries.values()
                  if e.get("kind") == "step_launch_us_per_op")
     step_net_us = entry["step_us"] - profiling._call_overhead_us(5, 1)
-    assert sum(alone.costs) == pytest.approx(step_net_us, rel=1e-6)
+    assert step_net_us - 1e-6 <= sum(alone.costs) <= step_net_us + clamp_us
 
 
 def test_a_fused_op_shares_its_time_with_the_ops_it_absorbed():
