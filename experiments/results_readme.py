@@ -1104,6 +1104,12 @@ TUNED_CONSTANTS = [
      "program per node in the same budget measured 27 of 416 in 15.8 s and 0 of 1654 in 41.3 s (recording "
      "the nodes' inputs alone overran it). Earlier, per node: a 500-node layer graph measured about 100-200 "
      "nodes in this time."),
+    ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
+     "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
+     "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "
+     "turn in one process, on two shared CPU cores (load average 4-6): the plan's predicted ratio was "
+     "1.372-1.421x from 7 runs, 1.368-1.419x from 21 and 1.386-1.400x from 41, each profiling 1.3-5.8 s "
+     "(the plan measured 1.20-1.49x wall, 1.31-1.44x CPU over seven timings: `wall_clock_fid.md`)."),
 ]
 
 

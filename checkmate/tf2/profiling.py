@@ -513,6 +513,11 @@ _RUN_MARKER = "checkmate_profile_run"
 _NOT_ABSORBED = frozenset({"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "NoOp", "Identity"})
 # Untraced runs of the step timed beside the trace, for the step's own time.
 _UNTRACED_RUNS = 3
+# Traced runs of the step (at least; ``repeats`` when larger), within the time budget: the median over
+# more runs steadies the nodes' shares of the step on a loaded machine. One U-Net plan at 50%, profiled
+# four times each: predicted 1.372-1.421x from 7 runs, 1.368-1.419x from 21, 1.386-1.400x from 41
+# (1.3-5.8 s each). Measured: experiments/results/README.md, section i.
+TRACE_RUNS = 41
 # How far back from a fused op its absorbed producers are looked for (Grappler's remapper fuses chains
 # of up to four ops: convolution or matrix product, bias, normalization or add, activation).
 _FUSION_DEPTH = 3
@@ -780,7 +785,7 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     """Time every node of a lowered step on the current device, on its real input values.
 
     With ``trace`` (the default) the whole plain step runs under TF's profiler: ``warmup`` untimed
-    runs, then up to ``repeats`` traced ones, and each node's time is the :func:`robust_median` over
+    runs, then up to :data:`TRACE_RUNS` (or ``repeats`` where larger) traced ones, and each node's time is the :func:`robust_median` over
     the runs of its ops' times in the trace (see :func:`_trace_node_times`): every node measured in
     the step's own program, as it runs there, in a few step times. Nodes the trace cannot attribute
     (every op folded away or renamed by Grappler), or all of them when the profiler cannot run, are
@@ -883,7 +888,8 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
             if tracing:
                 try:
                     traced = _trace_node_times(function, _step_args(function, input_names, label_names, batch, seed),
-                                               node_ops, calibration, repeats, warmup, deadline, progress)
+                                               node_ops, calibration, max(repeats, TRACE_RUNS), warmup, deadline,
+                                               progress)
                 except (tf.errors.OpError, ValueError, TypeError, KeyError, RuntimeError):
                     traced = _Trace({}, 0, 0.0)     # no profiler here: every node is measured alone
                 # the traced runs' times are the step's: its nodes' times and its scheduling in one run
