@@ -1111,6 +1111,12 @@ TUNED_CONSTANTS = [
      "1.0213x and 1.0413x (446) in 0.6-1.6 s; 10 000 and 20 000 pairs (67 and 96 moments) the same in "
      "0.2-0.9 s. DenseNet121 at 60%: 20 000 pairs (36 moments) 1.0372x in 3.0 s, 50 000 (82 moments) "
      "1.0371x in 4.1 s; its 880 000 pairs did not solve in five minutes; the moments alone 1.0173x."),
+    ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
+     "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
+     "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "
+     "turn in one process, on two shared CPU cores (load average 4-6): the plan's predicted ratio was "
+     "1.372-1.421x from 7 runs, 1.368-1.419x from 21 and 1.386-1.400x from 41, each profiling 1.3-5.8 s "
+     "(the plan measured 1.20-1.49x wall, 1.31-1.44x CPU over seven timings: `wall_clock_fid.md`)."),
 ]
 
 

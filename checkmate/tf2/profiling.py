@@ -3,8 +3,9 @@
 ``profile_nodes`` (the default cost model of ``checkmate.tf2.compile``, ``RematModel`` and the CLI)
 measures every node inside the plain step itself: the step runs a few times under TF's profiler, on
 the device TF places its ops on by default (a GPU when present), and each executed op's time goes to
-the node that holds it (a fused op's time shared with the ops it absorbed); a node's time is the
-median over the runs after dropping outliers. Results are cached on disk per device, op wiring,
+the node that holds it (a fused op's time shared with the ops it absorbed), and the time of each run
+that no op filled (scheduling) goes to the nodes per op that ran; a node's time is the median over
+the runs after dropping outliers. Results are cached on disk per device, op wiring,
 input shapes and dtypes (see :func:`cache_dir`). Nodes the trace cannot attribute are timed alone,
 one small program each, largest estimates first, while the time budget (``time_budget_s``) lasts;
 a node measured neither way costs its calibrated estimate.
@@ -135,7 +136,8 @@ def flops_cost(graph: tf.Graph, op_names: Iterable[str]) -> float:
 
 # ------------------------------------------------------------------------------------------ profiling
 # /2: a node's time_us is its time alone; the step's scheduling share is an entry of its own per step
-PROFILE_FORMAT = "checkmate-profile/2"
+# /3: a traced node's time_us holds its share of the traced runs' time no op filled (per executed op)
+PROFILE_FORMAT = "checkmate-profile/3"
 _STEP_PREFIX = "step-launch:"
 CACHE_ENV = "CHECKMATE_CACHE_DIR"
 # Below this the measurement is call overhead, not work: no node is cheaper than this (microseconds).
@@ -243,10 +245,12 @@ class ProfileResult:
     misses: int
     cache_path: str | None
     estimated: int = 0      # nodes that cost their calibrated estimate (time budget spent, or not runnable alone)
-    launch_us_per_op: float = 0.0   # each op's share of the plain step's scheduling time, in every node's cost
-    # the plain step's time over the sum of its nodes' times when that sum is larger (ops ran side by
-    # side, or slowed each other down): every node's time is scaled by it, so that the costs add up to
-    # the step's time, what a user pays
+    # each op's share of the plain step's scheduling time, in every node's cost (0 for a traced step,
+    # whose nodes' times hold it)
+    launch_us_per_op: float = 0.0
+    # the plain step's time over the sum of its nodes' times (for nodes timed alone only when that sum
+    # is larger: ops ran side by side, or slowed each other down): every node's time is scaled by it,
+    # so that the costs add up to the step's time, what a user pays
     overlap_scale: float = 1.0
     measured_share: float = 1.0     # share of the summed calibrated estimates in the measured (or cached) nodes
     traced: int = 0                 # nodes measured now in the trace of the whole step
@@ -509,6 +513,11 @@ _RUN_MARKER = "checkmate_profile_run"
 _NOT_ABSORBED = frozenset({"Const", "Placeholder", "ReadVariableOp", "VarHandleOp", "NoOp", "Identity"})
 # Untraced runs of the step timed beside the trace, for the step's own time.
 _UNTRACED_RUNS = 3
+# Traced runs of the step (at least; ``repeats`` when larger), within the time budget: the median over
+# more runs steadies the nodes' shares of the step on a loaded machine. One U-Net plan at 50%, profiled
+# four times each: predicted 1.372-1.421x from 7 runs, 1.368-1.419x from 21, 1.386-1.400x from 41
+# (1.3-5.8 s each). Measured: experiments/results/README.md, section i.
+TRACE_RUNS = 41
 # How far back from a fused op its absorbed producers are looked for (Grappler's remapper fuses chains
 # of up to four ops: convolution or matrix product, bias, normalization or add, activation).
 _FUSION_DEPTH = 3
@@ -559,10 +568,38 @@ def _op_events(space, known: set[str]) -> tuple[list[tuple[float, float]], list[
                     runs.append((start, start + duration))
                     continue
                 op_name, sep, op_type = label.rpartition(":")
-                if sep and op_name in known:
+                if not sep:
+                    continue
+                if op_name not in known:
+                    op_name = _renamed_origin(op_name, known)
+                if op_name is not None:
                     events.append((op_name, op_type, start, duration, device))
     runs.sort()
     return runs, events
+
+
+_RENAMED = re.compile(r"^(.*)/\w*Optimizer/(\w+)$")
+
+
+def _renamed_origin(name: str, known: set[str]) -> str | None:
+    """The op of the step's graph that an executed op renamed by a Grappler pass stands for, or None.
+
+    The arithmetic optimizer replaces a chain of additions (a normalization's ``x * scale + offset``)
+    by ``<dir>/ArithmeticOptimizer/AddOpsRewrite_<op>`` (and ``..._Internal_<k>_<op>``), named after
+    the last op of the chain it replaced, in that op's directory. Left unattributed, that work was in no
+    node's cost, and the fusion that follows (a ``_MklSwish`` of the next activation) took the
+    replaced ops for ones it absorbed, pricing a share of the activation in the normalization.
+    """
+    m = _RENAMED.match(name)
+    if m is None:
+        return None
+    folder, tail = m.groups()
+    parts = tail.split("_")
+    for k in range(1, len(parts)):      # the longest suffix after an underscore that names a known op
+        candidate = f"{folder}/{'_'.join(parts[k:])}"
+        if candidate in known:
+            return candidate
+    return None
 
 
 def _fusion_shares(graph: tf.Graph, rewritten: Iterable[str], executed: set[str],
@@ -627,6 +664,63 @@ def _exclusive_times(intervals: Sequence[tuple[float, float]]) -> list[float]:
     return out
 
 
+def _attribute(graph: tf.Graph, runs: Sequence[tuple[float, float]],
+               events: Sequence[tuple[str, str, float, float, bool]], op_node: dict[str, int], n_nodes: int,
+               calibration: Calibration, call_us: float) -> tuple[np.ndarray, np.ndarray]:
+    """(each node's time in each run, whether the trace timed the node) from a trace's run intervals
+    and op events (:func:`_op_events`); ``call_us``: the time of calling the step that is no op's.
+
+    An op's time is its exclusive time (:func:`_exclusive_times`), a rewritten op's shared with the
+    ops it absorbed (:func:`_fusion_shares`); on the host, the run's time no op filled is shared per
+    executed op.
+    """
+    executed = {e[0] for e in events}
+    on_device = {e[0] for e in events if e[4]}
+    rewritten = {e[0] for e in events if e[1] != graph.get_operation_by_name(e[0]).type}
+    shares = _fusion_shares(graph, rewritten, executed, calibration)
+    starts = np.asarray([r[0] for r in runs])
+    per_run = np.zeros((len(runs), n_nodes))
+    attributed = np.zeros(n_nodes, dtype=bool)
+    kept = []
+    for op_name, _, start, duration, device in events:
+        if op_name in on_device and not device:
+            continue       # the op's kernels ran on a GPU: its host event is the launch, not the work
+        r = int(np.searchsorted(starts, start, side="right")) - 1
+        if r < 0 or start > runs[r][1]:
+            continue
+        kept.append((op_name, start, duration, device, r))
+    # executed ops per node and run (a fused op counted once, shared as its time is), and the time
+    # the host's ops kept busy in each run
+    launches = np.zeros_like(per_run)
+    busy = np.zeros(len(runs))
+    for on_gpu in (False, True):
+        group = [e for e in kept if e[3] == on_gpu]
+        exclusive = _exclusive_times([(e[1], e[1] + e[2]) for e in group])
+        for (op_name, _, _, _, r), duration in zip(group, exclusive):
+            if not on_gpu:
+                busy[r] += duration
+            for member, share in shares.get(op_name, ((op_name, 1.0),)):
+                k = op_node.get(member)
+                if k is not None:
+                    per_run[r, k] += duration * share
+                    launches[r, k] += share
+                    attributed[k] = True
+    if not on_device:
+        # The run's time that no op filled: the executor scheduling each op after its inputs, waking a
+        # thread, between one op's end and the next one's start. Each executed op pays it (an op of
+        # the graph that never ran, a view or one fused away, does not): it is shared per executed
+        # op, from the same run as the ops' times. Shared per op of the graph instead, from untraced
+        # runs taken at another moment of a shared machine's load, it was 19 us per op in one
+        # profiling of the diffusion U-Net: a GroupNorm node of 14 ops (5 never ran) cost 539 us
+        # against 209 us of its ops in the trace, and plans that recompute it were over-priced.
+        for r, (start, end) in enumerate(runs):
+            total = launches[r].sum()
+            gap = (end - start) - busy[r] - call_us
+            if total > 0 and gap > 0:
+                per_run[r] += gap * launches[r] / total
+    return per_run, attributed
+
+
 def _trace_node_times(function, args: Sequence[Any], node_ops: Sequence[Sequence[str]], calibration: Calibration,
                       repeats: int, warmup: int, deadline: float | None, progress: bool) -> _Trace:
     """Time every node inside one program, the whole plain step, from TF's profiler trace.
@@ -634,9 +728,11 @@ def _trace_node_times(function, args: Sequence[Any], node_ops: Sequence[Sequence
     ``warmup`` untimed runs, :data:`_UNTRACED_RUNS` timed ones (the step's own time), then up to
     ``repeats`` traced runs (after ``deadline``, a ``time.perf_counter()`` value, no further run starts
     once three ran).
-    Each executed op is attributed to the node holding its name; a rewritten op's time is shared with
-    the ops it absorbed (:func:`_fusion_shares`). A node's time in a run is the sum of its ops'; its
-    time is the :func:`robust_median` over the runs. Nodes none of whose ops ran under a known name
+    Each executed op is attributed to the node holding its name (an op a Grappler pass renamed, to the
+    op it replaced: :func:`_renamed_origin`); a rewritten op's time is shared with the ops it absorbed
+    (:func:`_fusion_shares`); the run's time no op filled is shared per executed op (:func:`_attribute`).
+    A node's time in a run is the sum of its ops' and its share; its time is the :func:`robust_median`
+    over the runs. Nodes none of whose ops ran under a known name
     (all folded away or fused into nodes that absorbed nothing of them) are left out.
     """
     from tqdm.auto import tqdm
@@ -674,30 +770,8 @@ def _trace_node_times(function, args: Sequence[Any], node_ops: Sequence[Sequence
     runs, events = _op_events(space, set(op_node))
     if not runs:
         return _Trace({}, 0, time.perf_counter() - started)
-    executed = {e[0] for e in events}
-    on_device = {e[0] for e in events if e[4]}
-    rewritten = {e[0] for e in events if e[1] != graph.get_operation_by_name(e[0]).type}
-    shares = _fusion_shares(graph, rewritten, executed, calibration)
-    starts = np.asarray([r[0] for r in runs])
-    per_run = np.zeros((len(runs), len(node_ops)))
-    attributed = np.zeros(len(node_ops), dtype=bool)
-    kept = []
-    for op_name, _, start, duration, device in events:
-        if op_name in on_device and not device:
-            continue       # the op's kernels ran on a GPU: its host event is the launch, not the work
-        r = int(np.searchsorted(starts, start, side="right")) - 1
-        if r < 0 or start > runs[r][1]:
-            continue
-        kept.append((op_name, start, duration, device, r))
-    for on_gpu in (False, True):
-        group = [e for e in kept if e[3] == on_gpu]
-        exclusive = _exclusive_times([(e[1], e[1] + e[2]) for e in group])
-        for (op_name, _, _, _, r), duration in zip(group, exclusive):
-            for member, share in shares.get(op_name, ((op_name, 1.0),)):
-                k = op_node.get(member)
-                if k is not None:
-                    per_run[r, k] += duration * share
-                    attributed[k] = True
+    per_run, attributed = _attribute(graph, runs, events, op_node, len(node_ops), calibration,
+                                     _call_overhead_us(repeats, warmup))
     times = {k: max(MIN_TIME_US, robust_median(per_run[:, k])) for k in np.flatnonzero(attributed)}
     step_us = robust_median(untraced)
     return _Trace({int(k): float(v) for k, v in times.items()}, len(runs), time.perf_counter() - started, step_us)
@@ -711,7 +785,7 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     """Time every node of a lowered step on the current device, on its real input values.
 
     With ``trace`` (the default) the whole plain step runs under TF's profiler: ``warmup`` untimed
-    runs, then up to ``repeats`` traced ones, and each node's time is the :func:`robust_median` over
+    runs, then up to :data:`TRACE_RUNS` (or ``repeats`` where larger) traced ones, and each node's time is the :func:`robust_median` over
     the runs of its ops' times in the trace (see :func:`_trace_node_times`): every node measured in
     the step's own program, as it runs there, in a few step times. Nodes the trace cannot attribute
     (every op folded away or renamed by Grappler), or all of them when the profiler cannot run, are
@@ -724,11 +798,14 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     the :func:`robust_median` time minus the measured overhead of calling an empty function, at
     least ``MIN_TIME_US`` microseconds.
 
-    A node's cost is its time plus its ops' share of the step's scheduling time: the plain step's
-    time beyond the sum of its nodes' times, per op (``ProfileResult.launch_us_per_op``), the same
-    share for every node of the step, measured or read from the cache. When the nodes' times add up
-    to more than the step's (ops run side by side), each is instead scaled by the step's time over
-    their sum (``ProfileResult.overlap_scale``).
+    A traced node's time holds its share of the step's scheduling: the time of each traced run that
+    no op filled, shared per executed op of that run. Every cost is then scaled by the untraced
+    step's time over the nodes' sum (``ProfileResult.overlap_scale``): one factor, which sets the
+    unit and changes no ratio between costs. Without a trace, a node's cost is its time plus its ops'
+    share of the step's scheduling time: the plain step's time beyond the sum of its nodes' times,
+    per op (``ProfileResult.launch_us_per_op``), the same share for every node of the step, measured
+    or read from the cache; when the nodes' times add up to more than the step's, each is instead
+    scaled by the step's time over their sum.
     Nodes with equal keys are measured once. Results are cached per device under :func:`cache_dir`,
     keyed by the node's op types, attributes, wiring, constant inputs and input shapes and dtypes (a
     node's time alone), and per step (its share); variables the step assigns (BatchNorm statistics,
@@ -811,7 +888,8 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
             if tracing:
                 try:
                     traced = _trace_node_times(function, _step_args(function, input_names, label_names, batch, seed),
-                                               node_ops, calibration, repeats, warmup, deadline, progress)
+                                               node_ops, calibration, max(repeats, TRACE_RUNS), warmup, deadline,
+                                               progress)
                 except (tf.errors.OpError, ValueError, TypeError, KeyError, RuntimeError):
                     traced = _Trace({}, 0, 0.0)     # no profiler here: every node is measured alone
                 # the traced runs' times are the step's: its nodes' times and its scheduling in one run
@@ -879,12 +957,18 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
         if step_us is not None:
             ops_total = sum(len(ops) for ops in node_ops)
             net_us = step_us - _call_overhead_us(repeats, warmup)
-            launch_us = max(0.0, net_us - sum(alone)) / max(1, ops_total)
-            # Timed inside the step (the trace), ops that ran side by side on the inter-op threads add up
-            # to more than the step took (ResNet50V2 at 64x64 on two CPU cores: 2.3x): each node then
-            # costs its share of the step's time.
-            if 0 < net_us < sum(alone):
+            if n_traced > 0 and net_us > 0:
+                # Traced nodes already hold their share of the step's scheduling, from the same runs
+                # (_trace_node_times): the untraced runs, at another moment of the machine's load, only
+                # set the unit, one scale for every node, which changes no plan's predicted ratio.
                 overlap = net_us / sum(alone)
+            else:
+                launch_us = max(0.0, net_us - sum(alone)) / max(1, ops_total)
+                # Timed inside the step (the trace), ops that ran side by side on the inter-op threads
+                # add up to more than the step took (ResNet50V2 at 64x64 on two CPU cores: 2.3x): each
+                # node then costs its share of the step's time.
+                if 0 < net_us < sum(alone):
+                    overlap = net_us / sum(alone)
     # the overlap's scaling keeps every node at the least measurable time, as its own timing does
     costs = [max(MIN_TIME_US, float(a) * overlap + launch_us * len(ops)) for a, ops in zip(alone, node_ops)]
     if cache is not None:
