@@ -327,12 +327,13 @@ class CompiledStep:
         return self.train_flat(*self.function.flat_args(x, y))
 
     def measure_time(self, x: Any = None, y: Any = None, *, repeats: int = 15,
-                     gradients_only: bool = False) -> "MeasuredTime":
-        """Time a training step of this step (its gradients and the optimizer's update) against the
-        plain traced step with the same update (``tf.GradientTape``, Grappler on, as users run it) on
-        ``(x, y)`` (default: a random batch of the compiled shapes), interleaved in one process, median
-        of ``repeats`` each after a warm-up call; ``gradients_only=True`` times the gradients alone.
-        Kept in :attr:`measured` and shown by :meth:`summary`. The model's and the optimizer's
+                     gradients_only: bool = True) -> "MeasuredTime":
+        """Time this step's gradients against the plain traced step's (``tf.GradientTape``, Grappler on,
+        as users run it) on ``(x, y)`` (default: a random batch of the compiled shapes), interleaved in
+        one process, median of ``repeats`` each after a warm-up call: the ratio the predicted overhead
+        predicts. ``gradients_only=False`` times a whole training step instead (the gradients and the
+        optimizer's update) against the plain traced step with the same update, which the update's
+        time, the same in both, brings closer to 1. Kept in :attr:`measured` and shown by :meth:`summary`. The model's and the optimizer's
         variables are put back afterwards: measuring trains nothing."""
         self.measured = measure_step_time(self, x, y, repeats=repeats, gradients_only=gradients_only)
         return self.measured

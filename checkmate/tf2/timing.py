@@ -1,9 +1,10 @@
 """Timing a compiled step against the plain one: interleaved repeats in one process, medians.
 
 :func:`measure_step_time` gives a :class:`MeasuredTime` (what :meth:`CompiledStep.measure_time
-<checkmate.tf2.step.CompiledStep.measure_time>` keeps and the summary shows): a whole training step,
-the optimizer update included, as users run one, against the plain traced step with the same
-update; ``gradients_only=True`` times the gradients alone. :func:`interleaved_times` runs several
+<checkmate.tf2.step.CompiledStep.measure_time>` keeps and the summary shows): the step's gradients
+against the plain traced step's, the ratio the predicted overhead predicts; ``gradients_only=False``
+times a whole training step, the optimizer update included, against the plain traced step with the
+same update. :func:`interleaved_times` runs several
 functions in turn so that the machine's load weighs on each alike; :func:`preserved_state` puts back
 what the timed steps changed. This module does not import :mod:`checkmate.tf2.step`, which uses it.
 """
@@ -148,11 +149,11 @@ def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tupl
 
 
 def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, repeats: int = 15,
-                      gradients_only: bool = False):
-    """:class:`MeasuredTime` of a training step of ``step`` (its gradients and its optimizer's update) against
-    the plain traced step with the same update (Grappler on, as users run it), interleaved
-    (:func:`interleaved_times`); ``gradients_only=True`` times the gradients alone against the plain
-    step's. ``(x, y)`` default to a random batch of the compiled shapes. The model's variables and the
+                      gradients_only: bool = True):
+    """:class:`MeasuredTime` of ``step``'s gradients against the plain traced step's (Grappler on, as
+    users run it), interleaved (:func:`interleaved_times`): what the predicted overhead predicts.
+    ``gradients_only=False`` times a whole training step (the gradients and the optimizer's update)
+    against the plain traced step with the same update. ``(x, y)`` default to a random batch of the compiled shapes. The model's variables and the
     optimizer's are put back afterwards: the measurement trains nothing."""
     if step.distribution is not None:
         raise InvalidArgumentError("measure_step_time times one replica's step against the plain one: compile the "

@@ -286,7 +286,7 @@ class StepTimeReport(keras.callbacks.Callback):
                     "checkmate: Keras' own train step could not run the first batch (%s); the step is timed "
                     "against the plain traced train step instead", str(exc).splitlines()[0][:200])
         if measured is None:        # also a wrapper of a step compiled beforehand
-            measured = step.measure_time(repeats=self.repeats)
+            measured = step.measure_time(repeats=self.repeats, gradients_only=False)
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
                 f"{step.predicted.overhead:.3f}x; {measured.describe()})")
         logging.getLogger("checkmate.tf2").info(line)
