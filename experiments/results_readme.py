@@ -1041,14 +1041,26 @@ TUNED_CONSTANTS = [
      "per costing, the drops from checkpoint-all on the 326-node U-Net at 40% (1.096x) refine to the same "
      "1.0315x in 8 s instead of 172 s (scratch script, 2 loaded cores). Where the refinement stops further "
      "than the target gap from the bound, the exchanges of a hold for drops at the peak it raises get up to "
-     "`REFINE_MAX_S` again (never past the time limit): DenseNet121 at 60%, 120 s, 1.0735x to 1.0673x "
-     "(`solver_quality_dense.md`); 150 s of exchanges in a scratch run reached 1.0640x."),
+     "`REFINE_MAX_S` again (never past the time limit): DenseNet121 at 60%, 120 s, 1.0735x to 1.0673x in "
+     "an earlier run; 150 s of exchanges in a scratch run reached 1.0640x. "
+     "Rerun at a load average near 6 (`solver_quality_dense.md`), the hierarchical plan found no programme "
+     "within 60% in either variant (alone with 60 s in a scratch run, its most frugal programme peaked at "
+     "1.12x the budget with the menus it had time for): the Chen greedy's 1.2283x, refined and exchanged to 1.1791x "
+     "(55%: 1.4466x repaired, 1.2575x in the earlier run). After an exchange the "
+     "refinement moves only the values whose holds it changed: on three 8-layer dense blocks at 50% 64 "
+     "exchanges reach 1.03578x, the flat MILP's optimum (1.0358x), in 5.4 s, where 16 exchanges with the "
+     "whole search reached 1.0385x in 5.3 s; on DenseNet121 at 60% an exchange takes 8 s instead of 40 s, "
+     "most of it the repair, and 40 s of exchanges from 1.0673x gained under 0.01% (2 seeds; the whole "
+     "search: 1.0656x). Windows of the 326-node U-Net's schedule at 30% (1.0769x) re-solved by the flat "
+     "MILP with the rest fixed (60 stages, or the holds of 40 values) found nothing cheaper, 10 s each, and "
+     "the whole flat MILP started from it raised no bound above 1.0x in 60 s (scratch scripts)."),
     ("`EARLY_DROP_TIME_SHARE` (`solvers/auto.py`)", "0.5",
      "The 446-node diffusion-style U-Net (`experiments/solver_quality.py`), 2 loaded cores: the hierarchical "
      "strategy refuses 40% and 30% in 6-8 s; with the drops from checkpoint-all after the floor's quadratic "
      "baselines they did not finish (150 s limit: 1.0876x and 1.2724x, `solver_quality.md`). Before the "
      "floor, in half the time left and resumed after it when cut short: 1.0296x (0.89% from the bound) and "
-     "1.0703x (3.14%), the same as the drops and refinement without a time limit (`solver_quality_skips.md`)."),
+     "1.0703x (3.14%), the same as the drops and refinement without a time limit; rerun, 1.0697x (3.08%) "
+     "(`solver_quality_skips.md`)."),
     ("`IMPROVE_STARTS` (`solvers/staged.py`)", "3",
      "The 54-node long-skip U-Net of `tests/quality_graphs.py` at 50%, `auto` in 10 s: with the refined "
      "drops from checkpoint-all (1.392x) handed to the MILP as its cheapest start, the local search on it "
