@@ -1060,7 +1060,11 @@ TUNED_CONSTANTS = [
      "baselines they did not finish (150 s limit: 1.0876x and 1.2724x, `solver_quality.md`). Before the "
      "floor, in half the time left and resumed after it when cut short: 1.0296x (0.89% from the bound) and "
      "1.0703x (3.14%), the same as the drops and refinement without a time limit; rerun, 1.0697x (3.08%) "
-     "(`solver_quality_skips.md`)."),
+     "(`solver_quality_skips.md`). The same share of the time left repairs the least-peak programme of a "
+     "hierarchical plan that misses the budget and refines it at once: DenseNet121 at 60%, 120 s, at a load "
+     "average near 7 the plan's programmes peaked at 1.036x the budget at best; repaired and refined, "
+     "1.0791x (5.73% from the bound), where the same load had left the Chen greedy's 1.2283x, refined "
+     "to 1.1791x (scratch run; it took 137 s)."),
     ("`IMPROVE_STARTS` (`solvers/staged.py`)", "3",
      "The 54-node long-skip U-Net of `tests/quality_graphs.py` at 50%, `auto` in 10 s: with the refined "
      "drops from checkpoint-all (1.392x) handed to the MILP as its cheapest start, the local search on it "
