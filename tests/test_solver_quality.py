@@ -236,3 +236,27 @@ def test_auto_refinement_exchanges_holds_only_short_of_the_target_gap(monkeypatc
     refined = auto_module._refine(graph, budget, out, cost, None, refined_only, time.perf_counter() + 60)
     assert refined is not None and "exchanged" not in refined[1].status
     assert refined[0] == pytest.approx(refined_only)
+
+
+def test_repair_gives_up_between_the_drops_it_tries_once_past_its_deadline(monkeypatch):
+    # a step of the repair tries many drops (a hundred of O(n^2) work each on DenseNet121's graph):
+    # the deadline is polled before each, not only between steps
+    import checkmate.solvers.rounding as rounding
+
+    graph = long_skip_unet()
+    budget = parse_budget("60%", graph)
+    start = checkpoint_all_schedule(graph)
+    polls = []
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            polls.append(None)
+            return float(len(polls))
+
+    monkeypatch.setattr(rounding, "time", Clock)
+    lowest = []
+    # polled before the first step (1), before its first drop (2), before its second (3, past 2.5)
+    assert repair_to_budget(graph, start, budget, deadline=2.5, lowest=lowest) is None
+    assert len(polls) == 3
+    assert lowest == []     # no drop was kept: nothing lower than the start to hand back

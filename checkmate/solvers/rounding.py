@@ -90,6 +90,11 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
             for i in held[np.argsort(ratio, kind="stable")].tolist():
                 if graph.mem[i] <= 0:
                     break
+                # polled between the drops tried too: one step on DenseNet121's graph tries a hundred
+                # drops of O(n^2) work each, seconds on a loaded core, past a caller's time limit
+                if deadline is not None and time.perf_counter() > deadline:
+                    give_up()
+                    return None
                 if graph.cost[i] / float(graph.mem[i]) >= best_score and bool(S[i + 1:t + 1, i].all()):
                     break
                 S2 = np.array(S)
