@@ -1065,6 +1065,12 @@ TUNED_CONSTANTS = [
      "average near 7 the plan's programmes peaked at 1.036x the budget at best; repaired and refined, "
      "1.0791x (5.73% from the bound), where the same load had left the Chen greedy's 1.2283x, refined "
      "to 1.1791x (scratch run; it took 137 s)."),
+    ("`PLAN_REPAIR_MAX_EXCESS` (`solvers/auto.py`)", "0.05",
+     "DenseNet121's graph (`experiments/solver_quality.py`), 120 s, 2 loaded cores: where the hierarchical "
+     "plan refused 60% its least-peak programme peaked at 1.036x the budget and was repaired and refined to "
+     "1.0791x (the Chen greedy's 1.2283x otherwise); at 50% the least peak was 1.15x the budget (57.5% of "
+     "checkpoint-all), the repair could not meet it, and its time left the floor's repairs too little: "
+     "no schedule and no minimum named (a run without this limit), where 54.7% is named without the repair."),
     ("`IMPROVE_STARTS` (`solvers/staged.py`)", "3",
      "The 54-node long-skip U-Net of `tests/quality_graphs.py` at 50%, `auto` in 10 s: with the refined "
      "drops from checkpoint-all (1.392x) handed to the MILP as its cheapest start, the local search on it "
