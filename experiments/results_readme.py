@@ -1043,7 +1043,7 @@ TUNED_CONSTANTS = [
      "than the target gap from the bound, the exchanges of a hold for drops at the peak it raises get up to "
      "`REFINE_MAX_S` again (never past the time limit): DenseNet121 at 60%, 120 s, 1.0735x to 1.0673x in "
      "an earlier run; 150 s of exchanges in a scratch run reached 1.0640x. "
-     "Rerun at a load average near 6 (`solver_quality_dense.md`), the hierarchical plan found no programme "
+     "In a run at a load average near 6 the hierarchical plan found no programme "
      "within 60% in either variant (alone with 60 s in a scratch run, its most frugal programme peaked at "
      "1.12x the budget with the menus it had time for): the Chen greedy's 1.2283x, refined and exchanged to 1.1791x "
      "(55%: 1.4466x repaired, 1.2575x in the earlier run). After an exchange the "
@@ -1051,7 +1051,10 @@ TUNED_CONSTANTS = [
      "exchanges reach 1.03578x, the flat MILP's optimum (1.0358x), in 5.4 s, where 16 exchanges with the "
      "whole search reached 1.0385x in 5.3 s; on DenseNet121 at 60% an exchange takes 8 s instead of 40 s, "
      "most of it the repair, and 40 s of exchanges from 1.0673x gained under 0.01% (2 seeds; the whole "
-     "search: 1.0656x). Windows of the 326-node U-Net's schedule at 30% (1.0769x) re-solved by the flat "
+     "search: 1.0656x); `auto` at 60% (`solver_quality_dense.md`): the plan refined to 1.0735x, and its "
+     "exchanges gained nothing in their 20 s, where the whole search had gained 1.0735x to 1.0673x. So an "
+     "exchange that the narrow search leaves no cheaper gets the whole search as well: `auto` at 60% "
+     "1.0673x again (scratch run, 91 s), the dense blocks 1.03578x after 64 exchanges in 9.8 s. Windows of the 326-node U-Net's schedule at 30% (1.0769x) re-solved by the flat "
      "MILP with the rest fixed (60 stages, or the holds of 40 values) found nothing cheaper, 10 s each, and "
      "the whole flat MILP started from it raised no bound above 1.0x in 60 s (scratch scripts)."),
     ("`EARLY_DROP_TIME_SHARE` (`solvers/auto.py`)", "0.5",

@@ -177,7 +177,7 @@ def test_exchanges_of_holds_go_on_where_the_refinement_stops_on_dense_blocks():
     # the hierarchical plan of three dense blocks of eight layers at 50%, refined, stops 1% above
     # the proven bound (every single hold left breaks the budget); holds exchanged for drops at the
     # peak that this raises reach the optimum (1.0358x, proven by the flat MILP in 50 s): 1.03578x
-    # after 64 exchanges, each refined on the values it changed (5 s on a loaded core)
+    # after 64 exchanges, each refined on the values it changed first (10 s on a loaded core)
     graph = dense_blocks(blocks=3, layers=8)
     budget = parse_budget("50%", graph)
     lower = cost_lower_bound(graph, budget)
