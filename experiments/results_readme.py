@@ -1041,14 +1041,39 @@ TUNED_CONSTANTS = [
      "per costing, the drops from checkpoint-all on the 326-node U-Net at 40% (1.096x) refine to the same "
      "1.0315x in 8 s instead of 172 s (scratch script, 2 loaded cores). Where the refinement stops further "
      "than the target gap from the bound, the exchanges of a hold for drops at the peak it raises get up to "
-     "`REFINE_MAX_S` again (never past the time limit): DenseNet121 at 60%, 120 s, 1.0735x to 1.0673x "
-     "(`solver_quality_dense.md`); 150 s of exchanges in a scratch run reached 1.0640x."),
+     "`REFINE_MAX_S` again (never past the time limit): DenseNet121 at 60%, 120 s, 1.0735x to 1.0673x in "
+     "an earlier run; 150 s of exchanges in a scratch run reached 1.0640x. "
+     "In a run at a load average near 6 the hierarchical plan found no programme "
+     "within 60% in either variant (alone with 60 s in a scratch run, its most frugal programme peaked at "
+     "1.12x the budget with the menus it had time for): the Chen greedy's 1.2283x, refined and exchanged to 1.1791x "
+     "(55%: 1.4466x repaired, 1.2575x in the earlier run). After an exchange the "
+     "refinement moves only the values whose holds it changed: on three 8-layer dense blocks at 50% 64 "
+     "exchanges reach 1.03578x, the flat MILP's optimum (1.0358x), in 5.4 s, where 16 exchanges with the "
+     "whole search reached 1.0385x in 5.3 s; on DenseNet121 at 60% an exchange takes 8 s instead of 40 s, "
+     "most of it the repair, and 40 s of exchanges from 1.0673x gained under 0.01% (2 seeds; the whole "
+     "search: 1.0656x); `auto` at 60% (`solver_quality_dense.md`): the plan refined to 1.0735x, and its "
+     "exchanges gained nothing in their 20 s, where the whole search had gained 1.0735x to 1.0673x. So an "
+     "exchange that the narrow search leaves no cheaper gets the whole search as well: `auto` at 60% "
+     "1.0673x again (scratch run, 91 s), the dense blocks 1.03578x after 64 exchanges in 9.8 s. Windows of the 326-node U-Net's schedule at 30% (1.0769x) re-solved by the flat "
+     "MILP with the rest fixed (60 stages, or the holds of 40 values) found nothing cheaper, 10 s each, and "
+     "the whole flat MILP started from it raised no bound above 1.0x in 60 s (scratch scripts)."),
     ("`EARLY_DROP_TIME_SHARE` (`solvers/auto.py`)", "0.5",
      "The 446-node diffusion-style U-Net (`experiments/solver_quality.py`), 2 loaded cores: the hierarchical "
      "strategy refuses 40% and 30% in 6-8 s; with the drops from checkpoint-all after the floor's quadratic "
      "baselines they did not finish (150 s limit: 1.0876x and 1.2724x, `solver_quality.md`). Before the "
      "floor, in half the time left and resumed after it when cut short: 1.0296x (0.89% from the bound) and "
-     "1.0703x (3.14%), the same as the drops and refinement without a time limit (`solver_quality_skips.md`)."),
+     "1.0703x (3.14%), the same as the drops and refinement without a time limit; rerun, 1.0697x (3.08%) "
+     "(`solver_quality_skips.md`). The same share of the time left repairs the least-peak programme of a "
+     "hierarchical plan that misses the budget and refines it at once: DenseNet121 at 60%, 120 s, at a load "
+     "average near 7 the plan's programmes peaked at 1.036x the budget at best; repaired and refined, "
+     "1.0791x (5.73% from the bound), where the same load had left the Chen greedy's 1.2283x, refined "
+     "to 1.1791x (scratch run; it took 137 s)."),
+    ("`PLAN_REPAIR_MAX_EXCESS` (`solvers/auto.py`)", "0.05",
+     "DenseNet121's graph (`experiments/solver_quality.py`), 120 s, 2 loaded cores: where the hierarchical "
+     "plan refused 60% its least-peak programme peaked at 1.036x the budget and was repaired and refined to "
+     "1.0791x (the Chen greedy's 1.2283x otherwise); at 50% the least peak was 1.15x the budget (57.5% of "
+     "checkpoint-all), the repair could not meet it, and its time left the floor's repairs too little: "
+     "no schedule and no minimum named (a run without this limit), where 54.7% is named without the repair."),
     ("`IMPROVE_STARTS` (`solvers/staged.py`)", "3",
      "The 54-node long-skip U-Net of `tests/quality_graphs.py` at 50%, `auto` in 10 s: with the refined "
      "drops from checkpoint-all (1.392x) handed to the MILP as its cheapest start, the local search on it "

@@ -451,14 +451,15 @@ def _frugal_choice(planner: "_Planner"):
 
 def hierarchical_schedule(graph: "Graph", budget_bytes: int, *, deadline: float | None = None,
                           plan: HierarchicalPlan | None = None,
-                          progress: Callable[[float, float | None], None] | None = None
-                          ) -> tuple[Schedule, float, int]:
+                          progress: Callable[[float, float | None], None] | None = None,
+                          closest: list | None = None) -> tuple[Schedule, float, int]:
     """The hierarchical strategy's schedule for ``budget_bytes``: ``(schedule, cost, peak)``.
 
     ``progress(elapsed_s, best_cost_or_None)`` is called after each replay. A ``KeyboardInterrupt``
     during the search returns the best schedule found so far (re-raised when there is none). Raises
     :class:`InfeasibleBudgetError` when no replayed programme fits; its minimum is the peak of the most
-    frugal programme, at which this strategy always succeeds.
+    frugal programme, at which this strategy always succeeds. ``closest``, when given, then receives
+    the least-peak programme replayed, as ``(peak_bytes, schedule)``: a start for a repair to the budget.
     """
     start = time.perf_counter()
     planner = _Planner(graph, deadline)
@@ -467,10 +468,13 @@ def hierarchical_schedule(graph: "Graph", budget_bytes: int, *, deadline: float 
         planner.plan = plan
     best = None        # (cost, peak, R, S)
     frugal_peak = None
+    nearest = None     # the least-peak programme replayed: (peak, cost, R, S)
 
     def consider(choice) -> tuple[float, int, np.ndarray, np.ndarray]:
-        nonlocal best
+        nonlocal best, nearest
         cost, peak, R, S = planner.evaluate(choice)
+        if nearest is None or (peak, cost) < nearest[:2]:
+            nearest = (peak, cost, R, S)
         if peak <= budget_bytes and (best is None or cost < best[0]):
             best = (cost, peak, R, S)
             planner.plan.groups = len(choice)
@@ -517,6 +521,10 @@ def hierarchical_schedule(graph: "Graph", budget_bytes: int, *, deadline: float 
             raise
         planner.plan.notes.append("time limit reached: the best schedule found so far")
     if best is None:
+        if closest is not None and nearest is not None:
+            with no_deadline():
+                closest.append((int(nearest[0]), Schedule.from_matrices(graph, nearest[2], nearest[3],
+                                                                        strategy="hierarchical")))
         raise InfeasibleBudgetError(
             f"hierarchical: no schedule it plans fits {budget_bytes} bytes; the smallest peak it reaches is "
             f"{frugal_peak} bytes: give at least that, or use griewank_logn or checkpoint_last_node, "
@@ -541,15 +549,17 @@ def _lp_bound(graph: "Graph", budget_bytes: int, options: "SolveOptions", deadli
     return out.lower_bound
 
 
-def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
-    """The strategy entry: the schedule, a lower bound and a status saying what was done."""
+def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions",
+                 closest: list | None = None) -> "StrategyOutput":
+    """The strategy entry: the schedule, a lower bound and a status saying what was done. ``closest``:
+    as :func:`hierarchical_schedule` takes it (the least-peak programme, when the budget is refused)."""
     start = time.perf_counter()
     deadline = None if options.time_limit_s is None else start + float(options.time_limit_s)
     plan = HierarchicalPlan()
     reporter = (_ProgressLog(graph.total_cost, math.inf)
                 if options.verbose or _logger.isEnabledFor(logging.INFO) else None)
     schedule, cost, peak = hierarchical_schedule(graph, budget_bytes, deadline=deadline, plan=plan,
-                                                 progress=reporter)
+                                                 progress=reporter, closest=closest)
     # the bound after the plan: seconds of CPU on graphs of thousands of nodes (2.5 s on NASNetMobile's
     # 2621), which a loaded machine took from the plan when it came first. Past this strategy's time
     # limit or the caller's deadline the plan is kept with the bound that costs nothing: every node

@@ -90,6 +90,11 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
             for i in held[np.argsort(ratio, kind="stable")].tolist():
                 if graph.mem[i] <= 0:
                     break
+                # polled between the drops tried too: one step on DenseNet121's graph tries a hundred
+                # drops of O(n^2) work each, seconds on a loaded core, past a caller's time limit
+                if deadline is not None and time.perf_counter() > deadline:
+                    give_up()
+                    return None
                 if graph.cost[i] / float(graph.mem[i]) >= best_score and bool(S[i + 1:t + 1, i].all()):
                     break
                 S2 = np.array(S)
@@ -141,7 +146,7 @@ class _Matrices:
 
 
 def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, *,
-                       deadline: float | None = None, stop=None) -> Candidate:
+                       deadline: float | None = None, stop=None, columns: np.ndarray | None = None) -> Candidate:
     """Local search: replace recomputations by holds while the replayed peak still fits.
 
     A move takes one recomputation ``R[t, i]`` (``i < t``) and holds ``i`` instead, from the last
@@ -155,6 +160,8 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
     A move's cost needs only the stages whose rows of S it changes (and the stages before them); the
     peak is replayed only for the moves that lower the cost, and the schedule returned in full.
     ``stop`` (a callable), when given, ends the search as soon as it returns True (polled between moves).
+    ``columns``, when given, limits the moves to the recomputations of those values (a search after a
+    change to a few values' holds of a schedule refined already).
     """
     current = candidate
 
@@ -191,6 +198,9 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
         stage_costs = (minimal_recompute(graph, S) * cost[None, :]).sum(axis=1)
         total = float(stage_costs.sum())
         tt, ii = np.nonzero(np.tril(R, -1))
+        if columns is not None:
+            keep = np.isin(ii, columns)
+            tt, ii = tt[keep], ii[keep]
         cheaper = current_cost - 1e-12 * abs(current_cost)
         # (cost, t, i) of each move that lowers the cost; the matrices are rebuilt for the few replayed
         # (keeping them all would take n^2 bytes per move on large graphs)
@@ -240,7 +250,9 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
     use whatever the budget, let :func:`repair_to_budget` drop holds at the peak that this raises
     (cheapest per byte first), refine the result, and keep it when it is cheaper; repeated, with the
     recomputation to hold drawn at random (seeded: the same graph and budget give the same result),
-    until ``deadline``, ``stop()`` or (when given) ``tries`` exchanges tried.
+    until ``deadline``, ``stop()`` or (when given) ``tries`` exchanges tried. The refinement after an
+    exchange first moves only the values whose holds it changed (``candidate`` is expected refined
+    already), and all of them when that leaves it no cheaper.
 
     Where every single hold breaks the budget, a hold that saves much in exchange for drops that
     cost little elsewhere is still a gain: on DenseNet121's graph at 60% of checkpoint-all the
@@ -276,8 +288,16 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
                                         budget_bytes, deadline=deadline)
         if repaired is None or repaired.peak_bytes > budget_bytes:
             continue
-        # the drops recompute more than needed: the refinement takes back what fits
-        repaired = improve_by_holding(graph, repaired, budget_bytes, deadline=deadline, stop=stop)
+        # the drops recompute more than needed: the refinement takes back what fits, among the values
+        # whose holds the exchange changed (the rest was refined already: a search of every
+        # recomputation took 29 s of a 40 s exchange on DenseNet121's graph, against 1 s for these)
+        changed = np.union1d(np.flatnonzero((repaired.schedule.retain != S).any(axis=0)), [i])
+        narrow = improve_by_holding(graph, repaired, budget_bytes, deadline=deadline, stop=stop, columns=changed)
+        if narrow.cost >= current.cost * (1 - 1e-9):
+            # not enough: the peak the drops moved can free holds of other values too (DenseNet121's
+            # graph at 60%: the whole search gained 1.0735x to 1.0673x in 20 s, these alone nothing)
+            narrow = improve_by_holding(graph, narrow, budget_bytes, deadline=deadline, stop=stop)
+        repaired = narrow
         if repaired.cost < current.cost * (1 - 1e-9) and repaired.peak_bytes <= budget_bytes:
             current = Candidate(repaired.schedule, repaired.cost, repaired.peak_bytes, candidate.source)
     if current is not candidate:
