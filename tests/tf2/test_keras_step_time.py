@@ -137,15 +137,22 @@ def test_measure_step_time_times_the_gradients_or_the_whole_training_step_and_tr
     assert any(not np.array_equal(v.numpy(), w) for v, w in zip(model.trainable_variables, weights))
 
 
-def test_epochs_and_fit_calls_after_the_first_trace_nothing_again():
-    """An epoch costs the step and no tracing: the train function is traced once per batch shape, not
-    per epoch or per ``fit`` call (a fit timed epoch by epoch pays no first-epoch cost again)."""
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((24, 12)).astype("float32")
-    y = rng.integers(0, 5, (24,)).astype("int32")
+def checkpoint_all_trainer(seed: int, rows: int):
+    """Random rows of the MLP's features and labels, and a compiled RematModel of it that recomputes
+    nothing (FLOPs costs: no profiling in these tests)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 12)).astype("float32")
+    y = rng.integers(0, 5, (rows,)).astype("int32")
     trainer = checkmate.tf2.RematModel(mlp(), budget="100%", strategy="checkpoint_all",
                                        compile_options={"cost_model": "flops"})
     trainer.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return x, y, trainer
+
+
+def test_epochs_and_fit_calls_after_the_first_trace_nothing_again():
+    """An epoch costs the step and no tracing: the train function is traced once per batch shape, not
+    per epoch or per ``fit`` call (a fit timed epoch by epoch pays no first-epoch cost again)."""
+    x, y, trainer = checkpoint_all_trainer(seed=1, rows=24)
     traced = []
     own = trainer.train_step
 
@@ -174,12 +181,7 @@ def test_report_times_the_step_where_keras_own_train_step_cannot_run(caplog, mon
         raise ValueError("Dimensions must be equal, but are 12 and 8\nmore detail")
 
     monkeypatch.setattr(trainer_module, "measure_against_keras", refuses)
-    rng = np.random.default_rng(3)
-    x = rng.standard_normal((16, 12)).astype("float32")
-    y = rng.integers(0, 5, (16,)).astype("int32")
-    trainer = checkmate.tf2.RematModel(mlp(), budget="100%", strategy="checkpoint_all",
-                                       compile_options={"cost_model": "flops"})
-    trainer.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y, trainer = checkpoint_all_trainer(seed=3, rows=16)
     with caplog.at_level(logging.INFO, logger="checkmate.tf2"):
         history = trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
     assert len(history.history["loss"]) == 2
