@@ -279,6 +279,9 @@ class StepTimeReport(keras.callbacks.Callback):
             try:
                 measured = measure_against_keras(self.remat_model, data, self.repeats)
                 step.measured = measured
+            except tf.errors.ResourceExhaustedError as exc:
+                self._not_measured(step, exc)
+                return
             except (ValueError, TypeError, tf.errors.OpError) as exc:
                 # Keras' own train step refuses some of what RematModel trains exactly (a per-sample
                 # weight on a per-token loss compiled in the wrapper); the report must not stop fit()
@@ -286,9 +289,22 @@ class StepTimeReport(keras.callbacks.Callback):
                     "checkmate: Keras' own train step could not run the first batch (%s); the step is timed "
                     "against the plain traced train step instead", str(exc).splitlines()[0][:200])
         if measured is None:        # also a wrapper of a step compiled beforehand
-            measured = step.measure_time(repeats=self.repeats, gradients_only=False)
+            try:
+                measured = step.measure_time(repeats=self.repeats, gradients_only=False)
+            except tf.errors.ResourceExhaustedError as exc:
+                self._not_measured(step, exc)
+                return
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
                 f"{step.predicted.overhead:.3f}x; {measured.describe()})")
+        logging.getLogger("checkmate.tf2").info(line)
+        if self.params.get("verbose", 1):
+            print(line)
+
+    def _not_measured(self, step: "CompiledStep", exc: Exception) -> None:
+        # The plain step is what a model that needs rematerialization cannot run: out of device memory,
+        # the report says so and fit() goes on with the compiled step (the variables are put back).
+        line = (f"checkmate: step time not measured: the plain step does not fit in the device's memory "
+                f"({str(exc).splitlines()[0][:200]}); predicted overhead {step.predicted.overhead:.3f}x")
         logging.getLogger("checkmate.tf2").info(line)
         if self.params.get("verbose", 1):
             print(line)

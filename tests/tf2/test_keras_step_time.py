@@ -190,3 +190,25 @@ def test_report_times_the_step_where_keras_own_train_step_cannot_run(caplog, mon
     messages = [r.getMessage() for r in caplog.records]
     assert any("could not run the first batch (Dimensions must be equal, but are 12 and 8)" in m for m in messages)
     assert sum("checkmate: step time" in m for m in messages) == 1
+
+
+def test_report_says_the_plain_step_does_not_fit_and_fit_goes_on(caplog, monkeypatch):
+    """On a device where the plain step runs out of memory (what a model that needs rematerialization
+    does), the report names that, measures nothing, tries no second plain step, and fit() goes on."""
+    from checkmate.tf2 import step as step_module, trainer as trainer_module
+
+    def out_of_memory(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor with shape[8,4096]\nmore")
+
+    second_tries = []
+    monkeypatch.setattr(trainer_module, "measure_against_keras", out_of_memory)
+    monkeypatch.setattr(step_module.CompiledStep, "measure_time", lambda *a, **k: second_tries.append(1))
+    x, y, trainer = checkpoint_all_trainer(seed=4, rows=16)
+    with caplog.at_level(logging.INFO, logger="checkmate.tf2"):
+        history = trainer.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+    assert len(history.history["loss"]) == 2 and not second_tries
+    assert trainer.compiled_step().measured is None
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("step time not measured: the plain step does not fit in the device's memory (OOM when allocating"
+               in m for m in messages)
+    assert not any("checkmate: step time " in m and "x the plain step" in m for m in messages)
