@@ -777,6 +777,54 @@ def _trace_node_times(function, args: Sequence[Any], node_ops: Sequence[Sequence
     return _Trace({int(k): float(v) for k, v in times.items()}, len(runs), time.perf_counter() - started, step_us)
 
 
+def trace_op_groups(function, args: Sequence[Any], groups: Sequence[Sequence[str]], runs: int = 21,
+                    warmup: int = 2) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each group of ops' time in each of ``runs`` traced runs of ``function(*args)`` (after ``warmup``
+    untraced ones), attributed as :func:`profile_nodes` attributes a step's ops to its nodes: for
+    reading where a program's time goes, such as a generated step's recomputed copies against the
+    plain step's nodes (op names are ``function.graph``'s).
+
+    Returns ``(exclusive_us, busy_us, run_us)``: ``exclusive_us[r, g]`` is group ``g``'s share of run
+    ``r``'s wall time (each instant split among the ops running then, a fused op's time shared with
+    the ops it absorbed, the time no op filled shared per executed op: what a node costs);
+    ``busy_us[r, g]`` the same ops' own durations, unshared, so that ``busy / exclusive`` is how many
+    ops ran beside the group's on average (1 when it ran alone); ``run_us[r]`` the runs' times.
+    """
+    graph = function.graph
+    op_group = {op: g for g, ops in enumerate(groups) for op in ops}
+    calibration = calibrate()
+    for _ in range(warmup):
+        function(*args)
+    _compat.sync_devices()
+
+    def body():
+        for _ in range(runs):
+            with _compat.profiler_marker(_RUN_MARKER):
+                function(*args)
+                _compat.sync_devices()
+
+    space = _compat.profiler_trace(body)
+    intervals, events = _op_events(space, set(op_group))
+    exclusive, _ = _attribute(graph, intervals, events, op_group, len(groups), calibration, 0.0)
+    executed = {e[0] for e in events}
+    rewritten = {e[0] for e in events if e[1] != graph.get_operation_by_name(e[0]).type}
+    shares = _fusion_shares(graph, rewritten, executed, calibration)
+    on_device = {e[0] for e in events if e[4]}
+    starts = np.asarray([r[0] for r in intervals])
+    busy = np.zeros_like(exclusive)
+    for op_name, _, start, duration, device in events:
+        if op_name in on_device and not device:
+            continue
+        r = int(np.searchsorted(starts, start, side="right")) - 1
+        if r < 0 or start > intervals[r][1]:
+            continue
+        for member, share in shares.get(op_name, ((op_name, 1.0),)):
+            g = op_group.get(member)
+            if g is not None:
+                busy[r, g] += duration * share
+    return exclusive, busy, np.asarray([end - start for start, end in intervals])
+
+
 def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequence[str],
                   label_names: Sequence[str], *, batch: Sequence[Any] | None = None, repeats: int = 7,
                   warmup: int = 2, cache_dir: "str | os.PathLike | None" = None, use_cache: bool = True,
