@@ -22,12 +22,17 @@ step and measured for its step peak (bytes allocated above the parameters and ba
 is more than ``--tolerance`` (8%) away from the predicted overhead. Results go to
 experiments/results/wall_clock.csv (and wall_clock_compare.csv) with the command in the .meta.json.
 
+``--trace-copies`` runs, instead of the table, a look inside each plan below 100%: the plain and the
+generated step traced in turn, each recomputed node's copies against the profile's price and the plain
+step's own trace (``<label>_copies.csv`` and ``.md``).
+
 ``--compare-only`` runs only the comparison, for ``--models``, and replaces those models' rows of
 an earlier run's comparison (the .meta.json and the table then name both commands).
 
     python experiments/wall_clock.py --compare --check
     python experiments/wall_clock.py --models resmlp --budgets 100%,50% --repeats 9 --check
     python experiments/wall_clock.py --compare-only --models resmlp --repeats 31
+    python experiments/wall_clock.py --trace-copies --models resmlp --budgets 70%,50% --label copies
 """
 
 from __future__ import annotations
@@ -416,6 +421,142 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
     return rows
 
 
+COPIES_FIELDS = ["model", "budget", "kind", "nodes", "copies", "profile_cost_share", "plain_share", "first_share",
+                 "copy_share", "copy_over_plain", "plain_side_by_side", "copy_side_by_side", "predicted_overhead",
+                 "plain_priced_overhead", "traced_step_ratio", "measured_ratio", "measured_cpu_ratio"]
+# Traced runs of each step per round, and rounds (the plain and the generated step in turn).
+COPIES_RUNS = 21
+COPIES_ROUNDS = 3
+
+
+def _kind(layer: str) -> str:
+    """A node's kind: its name with the block numbers taken out (``b3_up`` -> ``b#_up``)."""
+    import re
+
+    return re.sub(r"\d+", "#", layer)
+
+
+def trace_copies(name: str, budgets, repeats: int, time_limit_s=None) -> list[dict]:
+    """Where a plan's recomputations spend their time: the plain step and the generated step, each
+    traced in turn (COPIES_ROUNDS rounds of COPIES_RUNS runs, checkmate.tf2.profiling.trace_op_groups),
+    every node of the plain step against its first copy and its recomputed copies in the generated
+    step. Per node kind (the same layer in every block), shares are of the plain step's traced time
+    (mean over the runs); ``*_side_by_side`` is the ops' own durations over their share of the wall
+    time (1: they ran alone). One row per model and budget (kind ``all``) adds the predicted overhead,
+    the overhead the plain trace's times predict for the same plan, the generated step's traced time
+    over the plain step's, and the measured ratios (CompiledStep.measure_time)."""
+    import numpy as np
+
+    import checkmate.tf2 as ct
+    from checkmate.tf2.codegen import IMPORT_SCOPE, copy_name
+    from checkmate.tf2.profiling import trace_op_groups
+
+    keras = _keras()
+    model, _, xs, ys, classes = build(name)
+    x, y = random_batch(xs, ys, classes)
+    loss = loss_fn()
+    rows = []
+    for budget in budgets:
+        if budget == "100%":
+            continue
+        step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget,
+                          **({"time_limit_s": time_limit_s} if time_limit_s else {}))
+        lowered, graph = step.lowered, step.graph
+        counts = step.schedule.recompute.sum(axis=0).astype(int)
+        costs = np.asarray([nd.cost for nd in graph.nodes], dtype=float)
+        concrete = step.function.concrete_function
+        names = {op.name for op in concrete.graph.get_operations()}
+        groups, where = [], []
+        for i, ops in enumerate(lowered.node_ops):
+            for k in range(counts[i]):
+                groups.append([n for n in (f"{IMPORT_SCOPE}/{copy_name(op, k)}" for op in ops) if n in names])
+                where.append((i, k))
+        plain_ex, plain_busy, plain_run, gen_ex, gen_busy, gen_run = [], [], [], [], [], []
+        for _ in range(COPIES_ROUNDS):
+            ex, busy, run = trace_op_groups(lowered.function, [x, y], lowered.node_ops, runs=COPIES_RUNS)
+            plain_ex.append(ex), plain_busy.append(busy), plain_run.append(run)
+            ex, busy, run = trace_op_groups(concrete, [x, y], groups, runs=COPIES_RUNS)
+            gen_ex.append(ex), gen_busy.append(busy), gen_run.append(run)
+        plain = np.concatenate(plain_ex).mean(axis=0)
+        plain_b = np.concatenate(plain_busy).mean(axis=0)
+        gen = np.concatenate(gen_ex).mean(axis=0)
+        gen_b = np.concatenate(gen_busy).mean(axis=0)
+        total = plain.sum()
+        first = np.zeros(graph.n)
+        copy = np.zeros(graph.n)
+        copy_b = np.zeros(graph.n)
+        for g, (i, k) in enumerate(where):
+            if k == 0:
+                first[i] += gen[g]
+            else:
+                copy[i] += gen[g]
+                copy_b[i] += gen_b[g]
+        measured = step.measure_time(x, y, repeats=repeats)
+        extra = counts - 1
+        summary = {"model": name, "budget": budget, "kind": "all", "nodes": int((extra > 0).sum()),
+                   "copies": int(extra.sum()),
+                   "profile_cost_share": round(float((extra * costs).sum() / costs.sum()), 4),
+                   "plain_share": round(float((extra * plain).sum() / total), 4),
+                   "first_share": round(float(first[extra > 0].sum() / total), 4),
+                   "copy_share": round(float(copy.sum() / total), 4),
+                   "copy_over_plain": round(float(copy.sum() / max((extra * plain).sum(), 1e-9)), 3),
+                   "plain_side_by_side": round(float(plain_b[extra > 0].sum() / max(plain[extra > 0].sum(), 1e-9)), 2),
+                   "copy_side_by_side": round(float(copy_b.sum() / max(copy.sum(), 1e-9)), 2),
+                   "predicted_overhead": round(step.predicted.overhead, 4),
+                   "plain_priced_overhead": round(1.0 + float((extra * plain).sum() / total), 4),
+                   "traced_step_ratio": round(float(np.median(np.concatenate(gen_run))
+                                                    / np.median(np.concatenate(plain_run))), 4),
+                   "measured_ratio": round(measured.ratio, 4),
+                   "measured_cpu_ratio": round(measured.cpu_ratio, 4) if measured.cpu_ratio else None}
+        rows.append(summary)
+        print(f"{name} {budget}: recomputations priced {summary['profile_cost_share']:.4f} of the step by the "
+              f"profile, {summary['plain_share']:.4f} by the plain trace, took {summary['copy_share']:.4f} in the "
+              f"generated step's trace ({summary['copy_side_by_side']:.2f} ops side by side); predicted "
+              f"{summary['predicted_overhead']:.3f}x, traced {summary['traced_step_ratio']:.3f}x, measured "
+              f"{summary['measured_ratio']:.3f}x (cpu {summary['measured_cpu_ratio']})", flush=True)
+        kinds: dict[str, list[int]] = {}
+        for i in np.flatnonzero(extra > 0):
+            kinds.setdefault(_kind(graph.nodes[i].name), []).append(int(i))
+        for kind, members in sorted(kinds.items(), key=lambda kv: -float((extra[kv[1]] * plain[kv[1]]).sum())):
+            m = np.asarray(members)
+            rows.append({"model": name, "budget": budget, "kind": kind, "nodes": len(m), "copies": int(extra[m].sum()),
+                         "profile_cost_share": round(float((extra[m] * costs[m]).sum() / costs.sum()), 4),
+                         "plain_share": round(float((extra[m] * plain[m]).sum() / total), 4),
+                         "first_share": round(float(first[m].sum() / total), 4),
+                         "copy_share": round(float(copy[m].sum() / total), 4),
+                         "copy_over_plain": round(float(copy[m].sum() / max((extra[m] * plain[m]).sum(), 1e-9)), 3),
+                         "plain_side_by_side": round(float(plain_b[m].sum() / max(plain[m].sum(), 1e-9)), 2),
+                         "copy_side_by_side": round(float(copy_b[m].sum() / max(copy[m].sum(), 1e-9)), 2)})
+    return rows
+
+
+def copies_markdown(rows: list[dict], meta: dict) -> str:
+    lines = ["# Where the recomputations' time goes", "", f"Command: `{meta['command']}`  ",
+             f"Device: {meta['device']}; started {meta['started']} UTC, {meta['seconds']:.0f} s.", "",
+             "The plain step and the generated step traced in turn "
+             f"({COPIES_ROUNDS} rounds of {COPIES_RUNS} runs each). Shares are of the plain step's traced time "
+             "(each node's mean exclusive time over the runs): the profile's price of the recomputations (its "
+             "costs), the plain trace's price of the same recomputations, the time of the first copies and of "
+             "the recomputed copies in the generated step's trace. Side by side: the ops' own durations over "
+             "their share of the wall time (1: they ran alone).", "",
+             "| model | budget | kind | nodes | recomputations | profile | plain trace | first copies | recomputed "
+             "copies | recomputed / plain | side by side, plain | side by side, recomputed |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['budget']} | {r['kind']} | {r['nodes']} | {r['copies']} | "
+                     f"{float(r['profile_cost_share']):.2%} | {float(r['plain_share']):.2%} | "
+                     f"{float(r['first_share']):.2%} | {float(r['copy_share']):.2%} | {float(r['copy_over_plain']):.3f} | "
+                     f"{r['plain_side_by_side']} | {r['copy_side_by_side']} |")
+    lines += ["", "| model | budget | predicted | priced by the plain trace | traced, generated / plain | measured | CPU |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["kind"] == "all":
+            lines.append(f"| {r['model']} | {r['budget']} | {_fmt(r['predicted_overhead'])} | "
+                         f"{_fmt(r['plain_priced_overhead'])} | {_fmt(r['traced_step_ratio'])} | "
+                         f"{_fmt(r['measured_ratio'])} | {_fmt(r['measured_cpu_ratio'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def _fmt(value, pattern="{:.3f}x") -> str:
     if value in (None, ""):
         return "-"
@@ -550,6 +691,9 @@ def main(argv=None) -> int:
     p.add_argument("--compare-only", action="store_true",
                    help="only the comparison, for --models; their rows replace those of the earlier comparison")
     p.add_argument("--check", action="store_true", help="exit 1 when predicted and measured time drift apart")
+    p.add_argument("--trace-copies", action="store_true",
+                   help="instead of the table: trace the plain and the generated step of each plan below 100%% and "
+                        "compare the recomputed copies' time with the profile's price (<label>_copies.csv, .md)")
     p.add_argument("--tolerance", type=float, default=0.08)
     p.add_argument("--max-identity-ratio", type=float, default=1.05)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -575,6 +719,15 @@ def main(argv=None) -> int:
     command = "python experiments/wall_clock.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.compare_only:
         return rerun_compare(args, names, command, started)
+    if args.trace_copies:
+        from checkmate.tf2.profiling import device_description
+
+        copies = [r for name in names for r in trace_copies(name, budgets, args.repeats, args.time_limit)]
+        write_csv(args.out / f"{args.label}_copies.csv", copies, COPIES_FIELDS)
+        meta = {"command": command, "device": device_description(), "seconds": round(time.time() - started, 1),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
+        write_markdown(args.out / f"{args.label}_copies.md", copies_markdown(copies, meta))
+        return 0
     rows, compare = [], []
     for name in names:
         rows += run_budgets(name, budgets, args.repeats, args.time_limit)

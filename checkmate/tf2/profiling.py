@@ -42,7 +42,7 @@ from checkmate.tf2 import _compat
 
 __all__ = ["flops_cost", "op_flops", "op_bytes", "profile_nodes", "ProfileResult", "ProfileCache", "cache_dir",
            "device_description", "PROFILE_FORMAT", "CACHE_ENV", "Calibration", "calibrate", "estimate_cost",
-           "robust_median", "DEFAULT_TIME_BUDGET_S"]
+           "robust_median", "DEFAULT_TIME_BUDGET_S", "trace_op_groups"]
 
 
 def _elements(t: tf.Tensor) -> int:
