@@ -566,18 +566,24 @@ def _fmt(value, pattern="{:.3f}x") -> str:
 def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
     """The results as Markdown tables (written beside the CSVs)."""
     mib = "{:.1f}"
-    lines = ["# Predicted against measured step time", "",
-             f"Command: `{meta['command']}`  ", f"Device: {meta['device']}; started {meta['started']} UTC, "
-             f"{meta['seconds']:.0f} s.", ""]
+    lines = ["# Predicted against measured step time", ""]
+    if meta.get("device"):      # a comparison run alone (--compare-only under a new label) has no run of its own
+        lines += [f"Command: `{meta['command']}`  ", f"Device: {meta['device']}; started {meta['started']} UTC, "
+                  f"{meta['seconds']:.0f} s.", ""]
     for again in meta.get("compare_reruns", ()):
-        lines += [f"Comparison rows of {', '.join(again['models'])} replaced by `{again['command']}`, started "
-                  f"{again['started']} UTC, {again['seconds']:.0f} s.", ""]
+        if meta.get("device"):
+            lines += [f"Comparison rows of {', '.join(again['models'])} replaced by `{again['command']}`, started "
+                      f"{again['started']} UTC, {again['seconds']:.0f} s.", ""]
+        else:
+            lines += [f"Comparison of {', '.join(again['models'])}: `{again['command']}`  ",
+                      f"Device: {again['device']}; started {again['started']} UTC, {again['seconds']:.0f} s.", ""]
     lines += [
              "Ratios are to the plain traced GradientTape step (Grappler on), interleaved in one process, "
              "median of the repeats; CPU is the same ratio in process CPU time (robust to other processes "
-             "on a shared machine). Peaks are step peaks in MiB (above parameters and batch).", "",
-             "| model | budget | strategy | nodes | predicted | measured | CPU | error | peak (pred.) | peak (meas.) "
-             "| plain peak | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "on a shared machine). Peaks are step peaks in MiB (above parameters and batch)."]
+    if rows:
+        lines += ["", "| model | budget | strategy | nodes | predicted | measured | CPU | error | peak (pred.) "
+                  "| peak (meas.) | plain peak | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("status") != "ok":
             lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |")
