@@ -20,6 +20,7 @@ Each step is run ``--runs`` times in each of three phases, in this order:
 Results: experiments/results/peak_load.{csv,md,meta.json}.
 
     python experiments/peak_load.py --models resmlp,transformer --budgets 100%,70%,50% --runs 8
+    python experiments/peak_load.py --quick --out /tmp/peak_load
 """
 
 from __future__ import annotations
@@ -167,7 +168,10 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="the solver's time limit per compile")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--label", default="peak_load", help="file stem of the results")
+    p.add_argument("--quick", action="store_true", help="the residual MLP at 50%% only, 2 runs per phase")
     args = p.parse_args(argv)
+    if args.quick:
+        args.models, args.budgets, args.runs = "resmlp", "50%", 2
 
     start_memory_log()        # before TF starts: it reads TF_CPP_VMODULE once
     started = time.time()
