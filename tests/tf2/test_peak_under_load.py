@@ -82,3 +82,24 @@ def test_ordered_step_holds_the_plan_under_background_load():
     assert max(unordered) > 1.3 * predicted, (unordered, predicted)
     # the allocator's chunks are at least the bytes asked for
     assert all(r["chunk_peak_bytes"] >= r["tensor_peak_bytes"] for r in got["ordered"] + got["unordered"])
+
+
+def test_summary_says_what_an_unchecked_predicted_peak_counts():
+    """A percentage budget is planned as given and its step is not run: the summary says that the
+    predicted peak counts tensors and a measured one adds the allocator's chunks; a step whose peak was
+    measured says what it measured instead."""
+    import keras
+
+    import checkmate.tf2
+    from test_codegen import mlp_model
+
+    model, loss, xs, ys = mlp_model(batch=256, width=256, depth=6)
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.01), xs, ys, budget="100%",
+                                 strategy="checkpoint_all", cost_model="flops")
+    assert step.verified_step_peak_bytes is None
+    text = step.summary()
+    assert "allocator       the predicted peak counts tensors" in text
+    # what compile records once it has run the step for a byte budget
+    step.verified_step_peak_bytes = step.predicted.step_peak_bytes
+    checked = step.summary()
+    assert "allocator       " not in checked and "the step measured" in checked
