@@ -1,7 +1,8 @@
 """Measured step peaks against the plan, on an idle and on a loaded machine, tensors apart from allocator chunks.
 
 For each model of experiments/wall_clock.py and each budget, one plan is compiled (``checkmate.tf2.compile``
-with the budget and the FLOP cost model, so that the schedule does not depend on the machine's load; ``100%``
+with the budget and, by default, the FLOP cost model, so that the schedule does not depend on the machine's
+load; ``--cost-model profile`` plans with profiled costs, as compile does by default; ``100%``
 is ``checkpoint_all``) and three steps are run: the plain traced step, the generated step as compiled (its
 default order) and, for a plan that recomputes, the same plan generated with no order at all (``none``: TF's
 executor picks the order), which shows what the order holds. Every run is read from TF's allocation log
@@ -83,7 +84,7 @@ def measure(fn, flat, runs: int) -> dict:
             "chunk_peak_max_bytes": max(chunks), "load_average": round(os.getloadavg()[0], 1)}
 
 
-def compile_steps(name: str, budgets, time_limit_s: float) -> list[dict]:
+def compile_steps(name: str, budgets, time_limit_s: float, cost_model: str = "flops") -> list[dict]:
     """Per budget: the compiled plan's steps (name -> flat function) and the row fields they share."""
     import keras
     import checkmate.tf2 as ct
@@ -97,7 +98,7 @@ def compile_steps(name: str, budgets, time_limit_s: float) -> list[dict]:
         base = {"model": name, "budget": budget}
         options = {"strategy": "checkpoint_all"} if budget == "100%" else {"time_limit_s": time_limit_s}
         try:
-            step = ct.compile(model, loss_fn(), keras.optimizers.SGD(), xs, ys, budget=budget, cost_model="flops",
+            step = ct.compile(model, loss_fn(), keras.optimizers.SGD(), xs, ys, budget=budget, cost_model=cost_model,
                               **options)
         except Exception as exc:     # an infeasible budget is a row of the table
             out.append({"base": {**base, "status": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"}})
@@ -166,6 +167,8 @@ def main(argv=None) -> int:
     p.add_argument("--load", type=int, default=4, help="background processes spinning in the load phases")
     p.add_argument("--history", default="unet", help="the model whose steps run before the history phase")
     p.add_argument("--time-limit", type=float, default=30.0, metavar="S", help="the solver's time limit per compile")
+    p.add_argument("--cost-model", default="flops", choices=("flops", "profile"),
+                   help="the plans' cost model (default flops: a schedule that does not depend on the load)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--label", default="peak_load", help="file stem of the results")
     p.add_argument("--quick", action="store_true", help="the residual MLP at 50%% only, 2 runs per phase")
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
     start_memory_log()        # before TF starts: it reads TF_CPP_VMODULE once
     started = time.time()
     plans = [plan for name in args.models.split(",")
-             for plan in compile_steps(name, args.budgets.split(","), args.time_limit)]
+             for plan in compile_steps(name, args.budgets.split(","), args.time_limit, args.cost_model)]
     rows = [dict(plan["base"]) for plan in plans if "steps" not in plan]
     for phase in PHASES:
         if phase == "history":
