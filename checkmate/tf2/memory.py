@@ -28,6 +28,15 @@ but TF differs from the model in these ways:
   measured peak is stable within a process, but can differ between processes): measured above
   predicted. TF's own allocation log (``TF_CPP_VMODULE=log_memory=2``) gives the tensors' bytes.
 
+On a loaded machine (other processes on every core) the executor's threads are preempted anywhere, and
+the ops a generated step leaves unordered run in orders an idle machine does not show. The bytes the
+kernels ask for still stay within the plan in every run: 0.96-1.00x the plan's step peak on
+experiments/wall_clock.py's residual MLP and transformer at 100/70/50%, idle, under four spinning
+processes and after another model's steps (experiments/results/peak_load.md; the same plans with no
+order held 1.46-2.13x). What a measured peak adds on top is the allocator's chunks, 0-8% there, and
+more in a process with a longer allocation history or another layout of holes (the test MLP's plan at
+50%: 1.10-1.25x in fresh processes, its tensors 0.994x).
+
 These figures are for layer graphs with gradient nodes (``gradient_nodes=True``; what
 ``checkmate.tf2.compile`` uses by default for graphs this small). In the compact accounting the
 parameter gradients count from the start of the step and a layer's whole output stays until its

@@ -369,6 +369,12 @@ class CompiledStep:
                if self.verified_step_peak_bytes is not None else ""),
             f"  predicted peak  {format_bytes(p.peak_memory_bytes)} (parameters and batch "
             f"{format_bytes(p.resident_bytes)}, step {format_bytes(p.step_peak_bytes)})",
+            # The plan holds its tensors in every order the executor may pick, loaded or not; the
+            # allocator's chunks round them up by an amount that depends on what ran before in the
+            # process (experiments/results/peak_load.md): a byte budget is checked by running the step.
+            *([] if self.verified_step_peak_bytes is not None else [
+                "  allocator       the predicted peak counts tensors; a measured peak also counts the "
+                "allocator's rounding of them to its chunks (not checked: a budget in bytes runs the step)"]),
             f"  cost model      {cost_model_description(self.lowered)}",
             f"  overhead        {p.overhead:.3f}x predicted ({p.recompute_count} recomputations)"
             + (f"; measured {self.measured.ratio:.3f}x the plain step ({self.measured.describe()})"

@@ -219,7 +219,11 @@ def test_measured_peak_follows_the_plan(name, request):
     # The allocator rounds each request up to its chunks (measured on keras.applications models: 4-5 MiB
     # at the peak, in the plain step too), which the plan does not count: in two full test runs of
     # the package on two cores the residual CNN's plan measured 1.170x and 1.165x its prediction
-    # (the least of eight runs), within 1.15x in every run on its own.
+    # (the least of eight runs), within 1.15x in every run on its own. What exceeds the plan is the
+    # allocator's chunks, not the order: the bytes the kernels ask for stay within the plan in every run,
+    # idle or loaded (tests/tf2/test_peak_under_load.py, experiments/results/peak_load.md), while the
+    # MLP's plan here measured 1.10-1.25x in fresh processes (the CPU allocator, the allocation log and
+    # which step ran first differing; 1.10x and 1.14x measured as here).
     ratio = measured / predicted
     assert 0.85 <= ratio <= 1.20, \
         f"measured {measured} vs predicted {predicted}: {ratio:.3f}"
