@@ -1136,6 +1136,15 @@ TUNED_CONSTANTS = [
      "1.0213x and 1.0413x (446) in 0.6-1.6 s; 10 000 and 20 000 pairs (67 and 96 moments) the same in "
      "0.2-0.9 s. DenseNet121 at 60%: 20 000 pairs (36 moments) 1.0372x in 3.0 s, 50 000 (82 moments) "
      "1.0371x in 4.1 s; its 880 000 pairs did not solve in five minutes; the moments alone 1.0173x."),
+    ("`INTEGER_BOUND_TIME_S` (`bounds.py`)", "5 s",
+     "How long `cost_lower_bound` solves its programme with the recomputations' inputs in integers (its "
+     "dual bound when it stops counts; scratch script, 2 loaded cores). A 106-node diffusion-style U-Net at "
+     "30%: 1.1737x in fractions, 1.1840x in integers in 0.1 s (the flat MILP's bound after 120 s 1.1878x); "
+     "the 54-node long-skip U-Net at 70% and 60%: 1.0225x and 1.0470x to 1.0240x and 1.0485x (optima "
+     "1.0240x and 1.0523x); two 4-layer dense blocks at 60% and 50%: equal to the optima (1.0298x, 1.0419x). "
+     "The 326- and 446-node U-Nets at 30%: 1.0483x to 1.0494x at optimality in 5-6 s, 1.0413x to 1.0417x in "
+     "1 s. DenseNet121 at 60%: 1.0372x to 1.0375x at optimality after 24 s, 1.03722x when cut at 5 s (7 s "
+     "in all with the fractional bounds)."),
     ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
      "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
      "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "
