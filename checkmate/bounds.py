@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from checkmate._deadline import check_deadline
+from checkmate._deadline import check_deadline, seconds_left
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 
@@ -379,6 +379,8 @@ def _closure_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[
     y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
     z = np.maximum(A.T @ y - cost, 0.0)
     fractional = max(float(y @ b) - float(z.sum()), 0.0)
+    if res.x is not None and np.all(np.minimum(res.x, 1.0 - res.x) <= 1e-9):
+        return fractional   # the fractional optimum is integral already: the integer one is the same
     return max(fractional, _integer_extra(cost, A, b, integer_time_s))
 
 
@@ -392,8 +394,11 @@ def _integer_extra(cost: np.ndarray, A, b: np.ndarray, time_s: float | None) -> 
     moment must drop whole values the fractional programme takes the cheapest per byte in part and
     the integer one cannot. The bound is the solver's, not checked by a dual as the fractional one
     is: the right-hand sides and the result are lowered by :data:`INTEGER_BOUND_MARGIN` (relative)
-    against the solver's tolerances.
+    against the solver's tolerances. Within a :func:`~checkmate._deadline.deadline_scope` it stops
+    by the deadline as well.
     """
+    left = seconds_left()   # within a caller's time limit the solve gets no more than is left of it
+    time_s = time_s if left is None or not time_s else min(float(time_s), left)
     if not time_s or time_s <= 0 or not len(cost):
         return 0.0
     try:

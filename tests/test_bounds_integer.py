@@ -102,3 +102,28 @@ def test_a_short_integer_time_limit_keeps_a_valid_bound():
     fractional, integer = _both(graph, budget)
     quick = cost_lower_bound(graph, budget, integer_time_s=1e-3)
     assert fractional - 1e-9 <= quick <= integer + 1e-9
+
+
+def test_the_integer_solve_stops_by_the_callers_deadline(monkeypatch):
+    # within a caller's time limit the branch and bound gets no more than what is left of it
+    import time
+
+    import scipy.optimize
+
+    from checkmate._deadline import deadline_scope
+
+    limits = []
+    real = scipy.optimize.milp
+
+    def recording(*args, options=None, **kwargs):
+        limits.append(options["time_limit"])
+        return real(*args, options=options, **kwargs)
+
+    monkeypatch.setattr(scipy.optimize, "milp", recording)
+    graph = diffusion_unet(levels=2, blocks=1)
+    budget = parse_budget("30%", graph)
+    cost_lower_bound(graph, budget, integer_time_s=60.0)
+    assert limits == [60.0]
+    with deadline_scope(time.perf_counter() + 5.0):
+        cost_lower_bound(graph, budget, integer_time_s=60.0)
+    assert len(limits) == 2 and 0 < limits[1] <= 5.0
