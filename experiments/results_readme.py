@@ -1145,6 +1145,13 @@ TUNED_CONSTANTS = [
      "The 326- and 446-node U-Nets at 30%: 1.0483x to 1.0494x at optimality in 5-6 s, 1.0413x to 1.0417x in "
      "1 s. DenseNet121 at 60%: 1.0372x to 1.0375x at optimality after 24 s, 1.03722x when cut at 5 s (7 s "
      "in all with the fractional bounds)."),
+    ("`EXCHANGE_COST_DRAWS` (`solvers/auto.py`)", "0.5",
+     "The share of the exchanges of holds (`hold_and_repair`) whose recomputation to hold is drawn in "
+     "proportion to its cost, the rest uniformly (scratch runs from auto's schedules, 20 s rounds, two "
+     "cores at a load average of 8-12). The 326-node diffusion U-Net at 30%, from 1.0792x: by cost 1.0770x "
+     "after 20 s and 1.0754x after 40 s; uniformly 1.0792x, 1.0786x, 1.0770x and 1.0767x after 20-120 s; "
+     "half and half 1.0754x after 40 s. DenseNet121 at 60%, from 1.0923x: by cost 1.0787x after 40 s, "
+     "uniformly 1.0761x, half and half 1.0835x (with half the CPU, beside the U-Net's run)."),
     ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
      "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
      "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "

@@ -1,5 +1,5 @@
-"""The exchanges of holds draw the recomputation to hold in proportion to its cost when asked: a free
-recomputation is never worth an exchange, and the costly ones are where the gains are."""
+"""The exchanges of holds draw the recomputation to hold in proportion to its cost when asked (all of
+the draws, or a share): a free recomputation is never worth an exchange."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ def _alternating_chain():
     return training_graph(fwd, name="alternating")
 
 
-def _drawn_costs(monkeypatch, by_cost: bool) -> list[float]:
+def _drawn_costs(monkeypatch, cost_draws: float) -> list[float]:
     graph = _alternating_chain()
     budget = int(checkpoint_all_peak(graph) * 0.6)
     schedule = solve(graph, budget, strategy="checkpoint_last_node").schedule
@@ -40,6 +40,9 @@ def _drawn_costs(monkeypatch, by_cost: bool) -> list[float]:
             picks.append(int(self.rng.integers(n)))
             return picks[-1]
 
+        def random(self):
+            return self.rng.random()
+
         def choice(self, n, p):
             picks.append(int(self.rng.choice(n, p=p)))
             return picks[-1]
@@ -47,15 +50,20 @@ def _drawn_costs(monkeypatch, by_cost: bool) -> list[float]:
     monkeypatch.setattr(rounding.np.random, "default_rng", Recording)
     for seed in range(20):
         # one exchange each: the draw is made on the starting schedule's recomputations
-        hold_and_repair(graph, start, budget, deadline=float("inf"), seed=seed, tries=1, by_cost=by_cost)
+        hold_and_repair(graph, start, budget, deadline=float("inf"), seed=seed, tries=1, cost_draws=cost_draws)
     assert len(picks) == 20
     return [float(graph.cost[drawn_values[k]]) for k in picks]
 
 
 def test_exchanges_by_cost_never_draw_a_free_recomputation(monkeypatch):
-    assert all(cost > 0 for cost in _drawn_costs(monkeypatch, by_cost=True))
+    assert all(cost > 0 for cost in _drawn_costs(monkeypatch, cost_draws=1.0))
 
 
 def test_uniform_exchanges_do_draw_free_recomputations(monkeypatch):
     # the same seeds without the weights: what the weighting avoids happens
-    assert any(cost == 0 for cost in _drawn_costs(monkeypatch, by_cost=False))
+    assert any(cost == 0 for cost in _drawn_costs(monkeypatch, cost_draws=0.0))
+
+
+def test_half_the_exchanges_by_cost_draw_free_recomputations_less_often(monkeypatch):
+    free = sum(cost == 0 for cost in _drawn_costs(monkeypatch, cost_draws=0.5))
+    assert 0 < free < sum(cost == 0 for cost in _drawn_costs(monkeypatch, cost_draws=0.0))

@@ -65,7 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
            "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S",
            "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES", "EARLY_DROP_TIME_SHARE",
-           "PLAN_REPAIR_MAX_EXCESS"]
+           "PLAN_REPAIR_MAX_EXCESS", "EXCHANGE_COST_DRAWS"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -128,6 +128,10 @@ REFINE_MAX_NODES = 4000
 # and solve's default limit of ten minutes must not make every unproven answer wait longer.
 # Measured: experiments/results/README.md, section i.
 REFINE_MAX_S = 20.0
+# The share of the exchanges' draws made in proportion to the recomputation's cost (the rest
+# uniformly): by cost gained more on a diffusion U-Net, uniformly on DenseNet121's graph.
+# Measured: experiments/results/README.md, section i.
+EXCHANGE_COST_DRAWS = 0.5
 
 _logger = logging.getLogger("checkmate")
 
@@ -449,9 +453,14 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
             and exchange_until - time.perf_counter() >= 1.0):
         # the refinement stops where every single hold breaks the budget: on dense blocks a hold
         # exchanged for cheaper drops elsewhere goes on (a 160-node dense graph at 50%: 1.0457x
-        # refined, the proven optimum 1.0358x after the exchanges)
+        # refined, the proven optimum 1.0358x after the exchanges). Half of the recomputations to hold
+        # are drawn in proportion to their cost (scratch runs on two loaded cores, from auto's schedules:
+        # the 326-node diffusion U-Net at 30%, 1.0792x to 1.0754x in 40 s by cost, to 1.0767x in 120 s
+        # uniformly, 1.0754x in 40 s half and half; DenseNet121 at 60%, 1.0923x to 1.0787x in 40 s by
+        # cost, 1.0761x uniformly)
         with no_deadline():
-            better = hold_and_repair(graph, better, budget_bytes, deadline=exchange_until)
+            better = hold_and_repair(graph, better, budget_bytes, deadline=exchange_until,
+                                     cost_draws=EXCHANGE_COST_DRAWS)
     if better.cost >= cost * (1 - 1e-9):
         return None
     with no_deadline():
