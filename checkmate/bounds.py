@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
            "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
-           "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS", "INTEGER_BOUND_TIME_S"]
+           "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS", "INTEGER_BOUND_TIME_S",
+           "INTEGER_BOUND_MAX_NONZEROS"]
 
 
 # ------------------------------------------------------------------------------------------ bounds
@@ -181,6 +182,11 @@ CLOSURE_BOUND_MAX_PAIRS = 20_000
 # seconds, and what the branch and bound proved by then still holds.
 # Measured: experiments/results/README.md, section i.
 INTEGER_BOUND_TIME_S = 5.0
+# ... and only while the programme has at most this many nonzeros: the U-Nets' 114 000-138 000 gained
+# 0.04-0.1% of the step in 1-6 s, DenseNet121's 383 000 at 60% 0.002% in 5 s and at 55% nothing, time
+# taken from the compile path's plan twice (the plan's bound and auto's).
+# Measured: experiments/results/README.md, section i.
+INTEGER_BOUND_MAX_NONZEROS = 250_000
 # The integer programme's rows are met by the solver only up to its feasibility tolerance (1e-6 on rows
 # scaled to 1) and its dual bound only up to its optimality tolerance: each row's right-hand side and
 # the bound returned are lowered by this relative margin, far more than either, so that no tolerance
@@ -386,8 +392,8 @@ def _closure_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[
 
 def _integer_extra(cost: np.ndarray, A, b: np.ndarray, time_s: float | None) -> float:
     """A lower bound on ``min cost @ x`` subject to ``A @ x >= b`` over ``x`` in ``{0, 1}``: the dual
-    bound of HiGHS' branch and bound after at most ``time_s`` seconds (0 when it has none, or with
-    ``time_s`` None or 0).
+    bound of HiGHS' branch and bound after at most ``time_s`` seconds (0 when it has none, with
+    ``time_s`` None or 0, or beyond :data:`INTEGER_BOUND_MAX_NONZEROS`).
 
     Every schedule gives such an ``x`` (its own drops, holds and recomputations, each either done or
     not), so the integer optimum bounds its recomputation as the fractional one does, and where a
@@ -397,6 +403,8 @@ def _integer_extra(cost: np.ndarray, A, b: np.ndarray, time_s: float | None) -> 
     against the solver's tolerances. Within a :func:`~checkmate._deadline.deadline_scope` it stops
     by the deadline as well.
     """
+    if A.nnz > INTEGER_BOUND_MAX_NONZEROS:
+        return 0.0
     left = seconds_left()   # within a caller's time limit the solve gets no more than is left of it
     time_s = time_s if left is None or not time_s else min(float(time_s), left)
     if not time_s or time_s <= 0 or not len(cost):
@@ -526,8 +534,8 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: boo
     these. Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst in array
     operations, two linear programmes and the integer one's time limit: on 2 loaded cores 0.1-0.6 s
     on diffusion-style U-Nets of 326 and 446 nodes, 4 s on DenseNet121's 1580 (0.05 s and 0.2 s
-    without the inputs), plus 1-6 s in integers on the U-Nets at 30% and the whole limit on
-    DenseNet121 at 60%.
+    without the inputs), plus 1-6 s in integers on the U-Nets at 30% (DenseNet121's programme is
+    beyond :data:`INTEGER_BOUND_MAX_NONZEROS`).
 
     Against proven optima (flat MILP, scratch script): the 54-node long-skip U-Net of
     ``tests/quality_graphs.py`` at 70% and 60% of checkpoint-all, 1.0137x and 1.0309x with the moments

@@ -1145,6 +1145,11 @@ TUNED_CONSTANTS = [
      "The 326- and 446-node U-Nets at 30%: 1.0483x to 1.0494x at optimality in 5-6 s, 1.0413x to 1.0417x in "
      "1 s. DenseNet121 at 60%: 1.0372x to 1.0375x at optimality after 24 s, 1.03722x when cut at 5 s (7 s "
      "in all with the fractional bounds)."),
+    ("`INTEGER_BOUND_MAX_NONZEROS` (`bounds.py`)", "250 000",
+     "The largest programme `cost_lower_bound` solves in integers (same scratch runs as "
+     "`INTEGER_BOUND_TIME_S`): the diffusion U-Nets' programmes at 30% have 114 000 (326 nodes) and 138 000 "
+     "(446) nonzeros and gained 0.11% and 0.04% of the step in 5-6 s and 1 s; DenseNet121's at 60% has "
+     "383 000 and gained 0.002% in 5 s, at 55% nothing in 6 s (its whole bound 7-8 s against 2 s)."),
     ("`EXCHANGE_COST_DRAWS` (`solvers/auto.py`)", "0.5",
      "The share of the exchanges of holds (`hold_and_repair`) whose recomputation to hold is drawn in "
      "proportion to its cost, the rest uniformly (scratch runs from auto's schedules, 20 s rounds, two "

@@ -127,3 +127,14 @@ def test_the_integer_solve_stops_by_the_callers_deadline(monkeypatch):
     with deadline_scope(time.perf_counter() + 5.0):
         cost_lower_bound(graph, budget, integer_time_s=60.0)
     assert len(limits) == 2 and 0 < limits[1] <= 5.0
+
+
+def test_programmes_beyond_the_size_cap_are_not_solved_in_integers(monkeypatch):
+    from checkmate import bounds
+
+    graph = diffusion_unet(levels=2, blocks=1)
+    budget = parse_budget("30%", graph)
+    fractional, integer = _both(graph, budget)
+    assert integer > fractional
+    monkeypatch.setattr(bounds, "INTEGER_BOUND_MAX_NONZEROS", 0)
+    assert cost_lower_bound(graph, budget, integer_time_s=30.0) == fractional
