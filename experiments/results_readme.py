@@ -1157,6 +1157,12 @@ TUNED_CONSTANTS = [
      "after 20 s and 1.0754x after 40 s; uniformly 1.0792x, 1.0786x, 1.0770x and 1.0767x after 20-120 s; "
      "half and half 1.0754x after 40 s. DenseNet121 at 60%, from 1.0923x: by cost 1.0787x after 40 s, "
      "uniformly 1.0761x, half and half 1.0835x (with half the CPU, beside the U-Net's run)."),
+    ("`EXCHANGE_TIME_FACTOR` (`solvers/auto.py`)", "3",
+     "The exchanges of holds after auto's refinement (run only while it is short of `AUTO_TARGET_GAP`) get "
+     "this many times `REFINE_MAX_S` (never past the time limit). Scratch run from auto's schedule of the "
+     "326-node diffusion U-Net at 30% (1.0792x; bound 1.0494x), half the draws by cost, 20 s rounds at a "
+     "load average near 10: 1.0770x, 1.0697x, 1.0694x, 1.0694x, 1.0694x after 20-100 s, that is 2.6% from "
+     "the bound after 20 s and 1.9% after 60 s; nothing more after 60 s."),
     ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
      "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
      "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "
