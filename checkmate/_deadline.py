@@ -17,7 +17,7 @@ from typing import Iterator
 
 from checkmate.errors import TimeLimitError
 
-__all__ = ["deadline_scope", "check_deadline", "no_deadline"]
+__all__ = ["deadline_scope", "check_deadline", "no_deadline", "seconds_left"]
 
 # The deadline (a time.perf_counter() value) of the strategy running in this thread, if any. The
 # classic strategies have no solver to hand a time limit to; their long loops (schedule searches, the
@@ -47,6 +47,13 @@ def check_deadline() -> None:
     if current is not None and time.perf_counter() > current[0]:
         raise TimeLimitError(f"{current[1]} reached its time limit before it had a schedule; "
                              "raise the time limit or choose another strategy")
+
+
+def seconds_left() -> float | None:
+    """Seconds until the current deadline (at least 0), or None outside a scope: for work handed to
+    a solver that takes a time limit of its own."""
+    current = _DEADLINE.get()
+    return None if current is None else max(current[0] - time.perf_counter(), 0.0)
 
 
 @contextlib.contextmanager

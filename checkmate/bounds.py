@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from checkmate._deadline import check_deadline
+from checkmate._deadline import check_deadline, seconds_left
 from checkmate.schedule import Schedule
 from checkmate.simulate import simulate
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
            "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
-           "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS"]
+           "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS", "INTEGER_BOUND_TIME_S",
+           "INTEGER_BOUND_MAX_NONZEROS"]
 
 
 # ------------------------------------------------------------------------------------------ bounds
@@ -172,6 +173,25 @@ COMBINED_BOUND_MAX_NONZEROS = 4_000_000
 # 3 s (its 880 000 pairs did not solve in five minutes).
 # Measured: experiments/results/README.md, section i.
 CLOSURE_BOUND_MAX_PAIRS = 20_000
+# The programme with the recomputations' inputs is solved once more in integers (every schedule's own
+# drops, holds and recomputations are 0/1) for at most this long; the branch and bound's dual bound
+# when it stops is the bound. A 106-node diffusion-style U-Net at 30%: 1.1737x in fractions, 1.1840x
+# in integers in 0.1 s (the flat MILP's own bound after 120 s 1.1878x); the 326- and 446-node ones at
+# 30%: 1.0483x to 1.0494x in 6 s and 1.0413x to 1.0417x in 1 s; DenseNet121 at 60% 1.0372x to
+# 1.0375x at optimality in 24 s (2 loaded cores): the limit keeps the compile path's bound within
+# seconds, and what the branch and bound proved by then still holds.
+# Measured: experiments/results/README.md, section i.
+INTEGER_BOUND_TIME_S = 5.0
+# ... and only while the programme has at most this many nonzeros: the U-Nets' 114 000-138 000 gained
+# 0.04-0.1% of the step in 1-6 s, DenseNet121's 383 000 at 60% 0.002% in 5 s and at 55% nothing, time
+# taken from the compile path's plan twice (the plan's bound and auto's).
+# Measured: experiments/results/README.md, section i.
+INTEGER_BOUND_MAX_NONZEROS = 250_000
+# The integer programme's rows are met by the solver only up to its feasibility tolerance (1e-6 on rows
+# scaled to 1) and its dual bound only up to its optimality tolerance: each row's right-hand side and
+# the bound returned are lowered by this relative margin, far more than either, so that no tolerance
+# can lift the bound above the true integer optimum.
+INTEGER_BOUND_MARGIN = 1e-5
 
 
 def _moments(graph: "Graph", budget_bytes: int, *, closure: bool = False
@@ -329,7 +349,8 @@ def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list
 
 
 def _closure_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[float],
-                   windows: list[np.ndarray], pairs: list[np.ndarray]) -> float:
+                   windows: list[np.ndarray], pairs: list[np.ndarray], *,
+                   integer_time_s: float | None = None) -> float:
     """:func:`_combined_extra`'s programme with what a recomputation needs at each moment (0 when it
     cannot be computed).
 
@@ -349,16 +370,72 @@ def _closure_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[
     with every variable in ``[0, 1]``. Where a moment lists no such input this is the combined
     programme's row, so the optimum is at least :func:`_combined_extra`'s. On a U-Net this is what
     makes dropping a skip value expensive: its input, read last when the encoder ran, must be held
-    or the encoder's chain computed again.
+    or the encoder's chain computed again. ``integer_time_s``: the same programme is then solved in
+    integers for up to that long (:func:`_integer_extra`), and the larger of the two bounds returned.
     """
-    nonzeros = sum(len(d) for d in droppables) + 4 * sum(len(p) for p in pairs)
-    if not droppables or nonzeros > COMBINED_BOUND_MAX_NONZEROS:
+    programme = _closure_programme(graph, droppables, excesses, windows, pairs)
+    if programme is None:
+        return 0.0
+    from scipy.optimize import linprog
+
+    cost, A, b = programme
+    res = linprog(cost, A_ub=-A, b_ub=-b, bounds=(0.0, 1.0), method="highs")
+    if res.status != 0 or res.ineqlin is None:
+        return 0.0
+    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
+    z = np.maximum(A.T @ y - cost, 0.0)
+    fractional = max(float(y @ b) - float(z.sum()), 0.0)
+    if res.x is not None and np.all(np.minimum(res.x, 1.0 - res.x) <= 1e-9):
+        return fractional   # the fractional optimum is integral already: the integer one is the same
+    return max(fractional, _integer_extra(cost, A, b, integer_time_s))
+
+
+def _integer_extra(cost: np.ndarray, A, b: np.ndarray, time_s: float | None) -> float:
+    """A lower bound on ``min cost @ x`` subject to ``A @ x >= b`` over ``x`` in ``{0, 1}``: the dual
+    bound of HiGHS' branch and bound after at most ``time_s`` seconds (0 when it has none, with
+    ``time_s`` None or 0, or beyond :data:`INTEGER_BOUND_MAX_NONZEROS`).
+
+    Every schedule gives such an ``x`` (its own drops, holds and recomputations, each either done or
+    not), so the integer optimum bounds its recomputation as the fractional one does, and where a
+    moment must drop whole values the fractional programme takes the cheapest per byte in part and
+    the integer one cannot. The bound is the solver's, not checked by a dual as the fractional one
+    is: the right-hand sides and the result are lowered by :data:`INTEGER_BOUND_MARGIN` (relative)
+    against the solver's tolerances. Within a :func:`~checkmate._deadline.deadline_scope` it stops
+    by the deadline as well.
+    """
+    if A.nnz > INTEGER_BOUND_MAX_NONZEROS:
+        return 0.0
+    left = seconds_left()   # within a caller's time limit the solve gets no more than is left of it
+    time_s = time_s if left is None or not time_s else min(float(time_s), left)
+    if not time_s or time_s <= 0 or not len(cost):
         return 0.0
     try:
-        import scipy.sparse as sp
-        from scipy.optimize import linprog
+        from scipy.optimize import Bounds, LinearConstraint, milp
     except ImportError:  # pragma: no cover - scipy is a dependency of the solvers
         return 0.0
+    lowered = b - INTEGER_BOUND_MARGIN * np.abs(b)
+    res = milp(cost, constraints=LinearConstraint(A, lb=lowered), integrality=np.ones(len(cost)),
+               bounds=Bounds(0.0, 1.0), options={"time_limit": float(time_s), "disp": False})
+    bound = getattr(res, "mip_dual_bound", None)
+    # status 0: solved; 1: the time limit, with what the branch and bound proved by then
+    if res.status not in (0, 1) or bound is None or not math.isfinite(float(bound)):
+        return 0.0
+    bound = float(bound)
+    return max(bound - INTEGER_BOUND_MARGIN * abs(bound), 0.0)
+
+
+def _closure_programme(graph: "Graph", droppables: list[np.ndarray], excesses: list[float],
+                       windows: list[np.ndarray], pairs: list[np.ndarray]):
+    """``(cost, A, b)`` of :func:`_closure_extra`'s programme ``min cost @ x, A @ x >= b, 0 <= x <= 1``
+    (columns: the windows some moment uses, then the per-moment variables), or None when it is empty
+    or larger than :data:`COMBINED_BOUND_MAX_NONZEROS`."""
+    nonzeros = sum(len(d) for d in droppables) + 4 * sum(len(p) for p in pairs)
+    if not droppables or nonzeros > COMBINED_BOUND_MAX_NONZEROS:
+        return None
+    try:
+        import scipy.sparse as sp
+    except ImportError:  # pragma: no cover - scipy is a dependency of the solvers
+        return None
     mem = graph.mem.astype(np.float64)
     window_start = np.concatenate([[0], np.cumsum([len(u) + 1 for u in graph.users])[:-1]]).astype(np.int64)
     last_window = window_start + np.array([len(u) for u in graph.users], dtype=np.int64)
@@ -432,15 +509,11 @@ def _closure_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[
     cost = np.concatenate([graph.cost[value_at[used]].astype(np.float64), np.zeros(aux)])
     b = np.asarray(rhs, dtype=np.float64)
     A = sp.csr_matrix((value_of, (row_of, cols)), shape=(len(b), len(cost)))
-    res = linprog(cost, A_ub=-A, b_ub=-b, bounds=(0.0, 1.0), method="highs")
-    if res.status != 0 or res.ineqlin is None:
-        return 0.0
-    y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
-    z = np.maximum(A.T @ y - cost, 0.0)
-    return max(float(y @ b) - float(z.sum()), 0.0)
+    return cost, A, b
 
 
-def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: bool = True) -> float:
+def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: bool = True,
+                     integer_time_s: float | None = INTEGER_BOUND_TIME_S) -> float:
     """A lower bound on the compute cost of every schedule that fits ``budget_bytes``, at any scale.
 
     Every node runs at least once. Beyond that, look at the moment node ``t`` first runs: its output,
@@ -455,10 +528,14 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: boo
     moment needs its inputs then: those no longer needed at the moment are held (their bytes count
     there) or computed again as well (:func:`_closure_extra`, for the moments of largest single
     bound up to :data:`CLOSURE_BOUND_MAX_PAIRS` pairs; ``recompute_inputs=False`` leaves it out, for
-    comparisons). The result is ``sum(cost)`` plus the largest of the three. Non-recomputable values
-    cannot be dropped. Costs ``O(n^2 log n)`` at worst in array operations and two linear programmes:
-    on 2 loaded cores 0.1-0.6 s on diffusion-style U-Nets of 326 and 446 nodes, 4 s on DenseNet121's
-    1580 (0.05 s and 0.2 s without the inputs).
+    comparisons). That last programme is solved in integers as well, for up to ``integer_time_s``
+    seconds (None or 0: not), since a schedule drops, holds and recomputes whole values; the branch
+    and bound's dual bound when it stops counts. The result is ``sum(cost)`` plus the largest of
+    these. Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst in array
+    operations, two linear programmes and the integer one's time limit: on 2 loaded cores 0.1-0.6 s
+    on diffusion-style U-Nets of 326 and 446 nodes, 4 s on DenseNet121's 1580 (0.05 s and 0.2 s
+    without the inputs), plus 1-6 s in integers on the U-Nets at 30% (DenseNet121's programme is
+    beyond :data:`INTEGER_BOUND_MAX_NONZEROS`).
 
     Against proven optima (flat MILP, scratch script): the 54-node long-skip U-Net of
     ``tests/quality_graphs.py`` at 70% and 60% of checkpoint-all, 1.0137x and 1.0309x with the moments
@@ -466,7 +543,8 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: boo
     1.0160x and 1.0353x). Where a skip value's inputs are read again by the backward pass (the
     diffusion-style U-Net's residual blocks) they are still needed at the moment and the inputs add
     nothing until the budget is low: on its 106-node version 1.0407x at 50% (the MILP's own bound after
-    120 s 1.0443x), 1.1291x to 1.1737x at 30% (the MILP's bound 1.1885x, the LP relaxation 1.1779x).
+    120 s 1.0443x), 1.1291x to 1.1737x at 30% and 1.1840x in integers (the MILP's bound 1.1885x, the
+    LP relaxation 1.1779x).
     """
     base = float(graph.cost.sum())
     found = _moments(graph, budget_bytes, closure=recompute_inputs)
@@ -480,7 +558,8 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: boo
     if not recompute_inputs:
         return base + max(single, combined)
     return base + max(single, combined, _closure_extra(graph, droppables, excesses, windows,
-                                                       _worst_moments_pairs(found[3], singles)))
+                                                       _worst_moments_pairs(found[3], singles),
+                                                       integer_time_s=integer_time_s))
 
 
 def _worst_moments_pairs(pairs: list[np.ndarray], singles: list[float]) -> list[np.ndarray]:

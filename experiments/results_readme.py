@@ -1136,6 +1136,33 @@ TUNED_CONSTANTS = [
      "1.0213x and 1.0413x (446) in 0.6-1.6 s; 10 000 and 20 000 pairs (67 and 96 moments) the same in "
      "0.2-0.9 s. DenseNet121 at 60%: 20 000 pairs (36 moments) 1.0372x in 3.0 s, 50 000 (82 moments) "
      "1.0371x in 4.1 s; its 880 000 pairs did not solve in five minutes; the moments alone 1.0173x."),
+    ("`INTEGER_BOUND_TIME_S` (`bounds.py`)", "5 s",
+     "How long `cost_lower_bound` solves its programme with the recomputations' inputs in integers (its "
+     "dual bound when it stops counts; scratch script, 2 loaded cores). A 106-node diffusion-style U-Net at "
+     "30%: 1.1737x in fractions, 1.1840x in integers in 0.1 s (the flat MILP's bound after 120 s 1.1878x); "
+     "the 54-node long-skip U-Net at 70% and 60%: 1.0225x and 1.0470x to 1.0240x and 1.0485x (optima "
+     "1.0240x and 1.0523x); two 4-layer dense blocks at 60% and 50%: equal to the optima (1.0298x, 1.0419x). "
+     "The 326- and 446-node U-Nets at 30%: 1.0483x to 1.0494x at optimality in 5-6 s, 1.0413x to 1.0417x in "
+     "1 s. DenseNet121 at 60%: 1.0372x to 1.0375x at optimality after 24 s, 1.03722x when cut at 5 s (7 s "
+     "in all with the fractional bounds)."),
+    ("`INTEGER_BOUND_MAX_NONZEROS` (`bounds.py`)", "250 000",
+     "The largest programme `cost_lower_bound` solves in integers (same scratch runs as "
+     "`INTEGER_BOUND_TIME_S`): the diffusion U-Nets' programmes at 30% have 114 000 (326 nodes) and 138 000 "
+     "(446) nonzeros and gained 0.11% and 0.04% of the step in 5-6 s and 1 s; DenseNet121's at 60% has "
+     "383 000 and gained 0.002% in 5 s, at 55% nothing in 6 s (its whole bound 7-8 s against 2 s)."),
+    ("`EXCHANGE_COST_DRAWS` (`solvers/auto.py`)", "0.5",
+     "The share of the exchanges of holds (`hold_and_repair`) whose recomputation to hold is drawn in "
+     "proportion to its cost, the rest uniformly (scratch runs from auto's schedules, 20 s rounds, two "
+     "cores at a load average of 8-12). The 326-node diffusion U-Net at 30%, from 1.0792x: by cost 1.0770x "
+     "after 20 s and 1.0754x after 40 s; uniformly 1.0792x, 1.0786x, 1.0770x and 1.0767x after 20-120 s; "
+     "half and half 1.0754x after 40 s. DenseNet121 at 60%, from 1.0923x: by cost 1.0787x after 40 s, "
+     "uniformly 1.0761x, half and half 1.0835x (with half the CPU, beside the U-Net's run)."),
+    ("`EXCHANGE_TIME_FACTOR` (`solvers/auto.py`)", "3",
+     "The exchanges of holds after auto's refinement (run only while it is short of `AUTO_TARGET_GAP`) get "
+     "this many times `REFINE_MAX_S` (never past the time limit). Scratch run from auto's schedule of the "
+     "326-node diffusion U-Net at 30% (1.0792x; bound 1.0494x), half the draws by cost, 20 s rounds at a "
+     "load average near 10: 1.0770x, 1.0697x, 1.0694x, 1.0694x, 1.0694x after 20-100 s, that is 2.6% from "
+     "the bound after 20 s and 1.9% after 60 s; nothing more after 60 s."),
     ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
      "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
      "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "

@@ -136,21 +136,24 @@ def extract(names: list[str]) -> None:
             step_module.solve_or_reuse = original
 
 
-BOUND_FIELDS = ["memory_bound_moments", "memory_bound_inputs", "memory_bound_s"]
+BOUND_FIELDS = ["memory_bound_moments", "memory_bound_inputs", "memory_bound_integer", "memory_bound_s"]
 
 
 def _memory_bounds(graph, budget: str) -> dict:
-    """``cost_lower_bound`` at the budget without and with the inputs recomputations need, over the
-    graph's total cost, and the seconds of the latter."""
+    """``cost_lower_bound`` at the budget without the inputs recomputations need, with them (its
+    programme in fractions only) and as it is (that programme in integers as well), over the graph's
+    total cost, and the seconds of the last."""
     from checkmate.bounds import cost_lower_bound
     from checkmate.solvers import parse_budget
 
     budget_bytes = parse_budget(budget, graph)
-    before = cost_lower_bound(graph, budget_bytes, recompute_inputs=False)
+    moments = cost_lower_bound(graph, budget_bytes, recompute_inputs=False, integer_time_s=None)
+    inputs = cost_lower_bound(graph, budget_bytes, integer_time_s=None)
     started = time.perf_counter()
-    after = cost_lower_bound(graph, budget_bytes)
-    return {"memory_bound_moments": round(before / graph.total_cost, 4),
-            "memory_bound_inputs": round(after / graph.total_cost, 4),
+    integer = cost_lower_bound(graph, budget_bytes)
+    return {"memory_bound_moments": round(moments / graph.total_cost, 4),
+            "memory_bound_inputs": round(inputs / graph.total_cost, 4),
+            "memory_bound_integer": round(integer / graph.total_cost, 4),
             "memory_bound_s": round(time.perf_counter() - started, 2)}
 
 
@@ -162,7 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--name", default="solver_quality", help="output file stem")
     p.add_argument("--bounds", action="store_true",
                    help="only auto as it is (no run without repair), beside the memory bound without what "
-                        "recomputations need (cost_lower_bound's recompute_inputs=False) and with it")
+                        "recomputations need (cost_lower_bound's recompute_inputs=False), with it in "
+                        "fractions (integer_time_s=None) and as it is (in integers as well)")
     args = p.parse_args(argv)
     if args.extract:
         extract(args.extract.split(","))
@@ -190,7 +194,8 @@ def main(argv=None) -> int:
                ("status", "status")]
     if args.bounds:
         columns[7:7] = [("memory_bound_moments", "memory bound, moments"),
-                        ("memory_bound_inputs", "memory bound, + inputs"), ("memory_bound_s", "its seconds")]
+                        ("memory_bound_inputs", "memory bound, + inputs"),
+                        ("memory_bound_integer", "memory bound, in integers"), ("memory_bound_s", "its seconds")]
     (RESULTS / f"{args.name}.md").write_text(
         "# auto on real and long-skip graphs, before and after its repair and refinement passes\n\n"
         f"Command: `{command}`\n\n" + markdown_table(rows, columns) + "\n")

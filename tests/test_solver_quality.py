@@ -223,6 +223,7 @@ def test_auto_refinement_exchanges_holds_only_short_of_the_target_gap(monkeypatc
     cost = simulate(graph, plan.schedule).compute_cost
     refined_only = improve_by_holding(graph, evaluate(graph, plan.schedule, "hierarchical"), budget).cost
     monkeypatch.setattr(auto_module, "REFINE_MAX_S", 8.0)
+    monkeypatch.setattr(auto_module, "EXCHANGE_TIME_FACTOR", 1.0)
     # the refinement stops 1% above the bound: with a target of 0.5% the exchanges go on, within their time
     monkeypatch.setattr(auto_module, "AUTO_TARGET_GAP", 0.005)
     out = StrategyOutput(plan.schedule, status="ok")
@@ -260,3 +261,32 @@ def test_repair_gives_up_between_the_drops_it_tries_once_past_its_deadline(monke
     assert repair_to_budget(graph, start, budget, deadline=2.5, lowest=lowest) is None
     assert len(polls) == 3
     assert lowest == []     # no drop was kept: nothing lower than the start to hand back
+
+
+def test_auto_exchanges_run_for_the_exchange_factor_times_the_refinement_limit(monkeypatch):
+    # the exchanges of holds gain most after their first 20 s on a long-skip U-Net at 30%: they get
+    # EXCHANGE_TIME_FACTOR times REFINE_MAX_S, never past the deadline
+    import checkmate.solvers.rounding as rounding_module
+
+    graph = dense_blocks(blocks=2, layers=4)
+    budget = parse_budget("50%", graph)
+    plan = checkmate.solve(graph, budget, strategy="auto", time_limit_s=30)
+    cost = simulate(graph, plan.schedule).compute_cost
+    given = []
+
+    def recording(graph_, candidate, budget_bytes, *, deadline, **kwargs):
+        given.append(deadline - time.perf_counter())
+        return candidate
+
+    monkeypatch.setattr(auto_module, "hold_and_repair", recording)
+    monkeypatch.setattr(auto_module, "REFINE_MAX_S", 2.0)
+    # a bound far below the refinement: the exchanges run
+    auto_module._refine(graph, budget, StrategyOutput(plan.schedule, status="ok"), cost, None,
+                        graph.total_cost * 0.5, time.perf_counter() + 600)
+    assert len(given) == 1 and 2.0 * auto_module.EXCHANGE_TIME_FACTOR - 1.0 < given[0] <= 2.0 * auto_module.EXCHANGE_TIME_FACTOR
+    assert auto_module.EXCHANGE_TIME_FACTOR > 1.0
+    given.clear()
+    auto_module._refine(graph, budget, StrategyOutput(plan.schedule, status="ok"), cost, None,
+                        graph.total_cost * 0.5, time.perf_counter() + 3.0)
+    assert len(given) == 1 and given[0] <= 3.0
+    assert rounding_module.hold_and_repair is not recording

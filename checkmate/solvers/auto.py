@@ -36,7 +36,8 @@ left at the end *refines* the best schedule: recomputations are replaced by hold
 still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`), and where that stops further
 than :data:`AUTO_TARGET_GAP` from the bound (dense blocks, where every single hold left breaks the
 budget), holds are exchanged for drops at the peak they raise
-(:func:`~checkmate.solvers.rounding.hold_and_repair`) for up to :data:`REFINE_MAX_S` more.
+(:func:`~checkmate.solvers.rounding.hold_and_repair`) for up to :data:`EXCHANGE_TIME_FACTOR` times
+:data:`REFINE_MAX_S` more.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["auto", "AUTO_MILP_MAX_NODES", "FLOOR_STRATEGIES", "AUTO_FLAT_FALLBACK_MAX_NODES", "AUTO_TARGET_GAP",
            "AUTO_DROP_START_MAX_NODES", "PLAN_FIRST_TIME_SHARE", "REPAIR_TIME_SHARE", "REPAIR_MAX_S",
            "REFINE_TIME_SHARE", "REFINE_MAX_S", "REFINE_MAX_NODES", "EARLY_DROP_TIME_SHARE",
-           "PLAN_REPAIR_MAX_EXCESS"]
+           "PLAN_REPAIR_MAX_EXCESS", "EXCHANGE_COST_DRAWS", "EXCHANGE_TIME_FACTOR"]
 
 # Beyond this size the flat MILP's O(n^2) model is far slower than the hierarchical strategy.
 # Measured: experiments/results/README.md, section i.
@@ -128,6 +129,16 @@ REFINE_MAX_NODES = 4000
 # and solve's default limit of ten minutes must not make every unproven answer wait longer.
 # Measured: experiments/results/README.md, section i.
 REFINE_MAX_S = 20.0
+# The exchanges of holds after the refinement (only while it is short of AUTO_TARGET_GAP) run up to
+# this many times REFINE_MAX_S (never past the time limit): on the 326-node diffusion U-Net at 30%,
+# from 1.0792x, 1.0770x after 20 s, 1.0697x after 40 s, 1.0694x after 60 s (half the draws by cost,
+# scratch run at a load near 10), that is 1.9% from the bound against 2.6% after 20 s.
+# Measured: experiments/results/README.md, section i.
+EXCHANGE_TIME_FACTOR = 3.0
+# The share of the exchanges' draws made in proportion to the recomputation's cost (the rest
+# uniformly): by cost gained more on a diffusion U-Net, uniformly on DenseNet121's graph.
+# Measured: experiments/results/README.md, section i.
+EXCHANGE_COST_DRAWS = 0.5
 
 _logger = logging.getLogger("checkmate")
 
@@ -430,7 +441,8 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     """``out``'s schedule with recomputations replaced by holds while it fits, until ``until``; None
     when nothing was gained or no time is left. When ``lower`` (a proven bound) is given and the
     result is still further than :data:`AUTO_TARGET_GAP` from it, exchanges of holds
-    (:func:`~checkmate.solvers.rounding.hold_and_repair`) follow for up to :data:`REFINE_MAX_S` more,
+    (:func:`~checkmate.solvers.rounding.hold_and_repair`) follow for up to :data:`EXCHANGE_TIME_FACTOR`
+    times :data:`REFINE_MAX_S` more,
     never past ``deadline``."""
     if out.schedule is None or graph.n > REFINE_MAX_NODES or (until is not None and until - time.perf_counter() < 0.5):
         return None
@@ -443,15 +455,20 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     with no_deadline():
         better = improve_by_holding(graph, Candidate(out.schedule, sim.compute_cost, sim.peak_memory_bytes, "refine"),
                                     budget_bytes, deadline=until)
-    exchange_until = time.perf_counter() + REFINE_MAX_S
+    exchange_until = time.perf_counter() + EXCHANGE_TIME_FACTOR * REFINE_MAX_S
     exchange_until = exchange_until if deadline is None else min(exchange_until, deadline)
     if (lower is not None and relative_gap(better.cost, min(lower, better.cost)) > AUTO_TARGET_GAP
             and exchange_until - time.perf_counter() >= 1.0):
         # the refinement stops where every single hold breaks the budget: on dense blocks a hold
         # exchanged for cheaper drops elsewhere goes on (a 160-node dense graph at 50%: 1.0457x
-        # refined, the proven optimum 1.0358x after the exchanges)
+        # refined, the proven optimum 1.0358x after the exchanges). Half of the recomputations to hold
+        # are drawn in proportion to their cost (scratch runs on two loaded cores, from auto's schedules:
+        # the 326-node diffusion U-Net at 30%, 1.0792x to 1.0754x in 40 s by cost, to 1.0767x in 120 s
+        # uniformly, 1.0754x in 40 s half and half; DenseNet121 at 60%, 1.0923x to 1.0787x in 40 s by
+        # cost, 1.0761x uniformly)
         with no_deadline():
-            better = hold_and_repair(graph, better, budget_bytes, deadline=exchange_until)
+            better = hold_and_repair(graph, better, budget_bytes, deadline=exchange_until,
+                                     cost_draws=EXCHANGE_COST_DRAWS)
     if better.cost >= cost * (1 - 1e-9):
         return None
     with no_deadline():

@@ -245,7 +245,7 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
 
 
 def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, deadline: float,
-                    seed: int = 0, stop=None, tries: int | None = None) -> Candidate:
+                    seed: int = 0, stop=None, tries: int | None = None, cost_draws: float = 0.0) -> Candidate:
     """Escape the local optimum of :func:`improve_by_holding`: hold one recomputed value up to its
     use whatever the budget, let :func:`repair_to_budget` drop holds at the peak that this raises
     (cheapest per byte first), refine the result, and keep it when it is cheaper; repeated, with the
@@ -257,7 +257,9 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
     Where every single hold breaks the budget, a hold that saves much in exchange for drops that
     cost little elsewhere is still a gain: on DenseNet121's graph at 60% of checkpoint-all the
     refinement stops at 1.0735x, and these exchanges reached 1.064x in 150 s (a scratch run).
-    ``candidate`` must fit.
+    ``cost_draws``: the share of the draws made in proportion to the recomputation's cost rather than
+    uniformly (holding a free one saves nothing; the others keep the search wide). ``candidate``
+    must fit.
     """
     forced = forced_retention(graph)
     rng = np.random.default_rng(seed)
@@ -273,7 +275,14 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
         tt, ii = np.nonzero(np.tril(R, -1))
         if tt.size == 0:
             break
-        k = int(rng.integers(tt.size))
+        # every draw the same way for 0 and 1 (no second random number: the uniform draws stay those
+        # of the same seed without the option)
+        by_cost = cost_draws >= 1.0 or (cost_draws > 0.0 and rng.random() < cost_draws)
+        if by_cost and float(graph.cost[ii].sum()) > 0:
+            weights = graph.cost[ii].astype(np.float64)
+            k = int(rng.choice(tt.size, p=weights / weights.sum()))
+        else:
+            k = int(rng.integers(tt.size))
         t, i = int(tt[k]), int(ii[k])
         # held from the last stage before t in which it is resident (as a refinement move holds it)
         s = t - 1
