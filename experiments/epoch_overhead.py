@@ -11,6 +11,9 @@ in wall time and in the process's CPU time (which other jobs on a shared machine
 * ``fit host``: the CPU time of the thread that calls ``fit`` during that epoch: the host's Python
   work (Keras' loop, callbacks, the data adapter, RematModel's batch handling, dispatching the train
   function), apart from TensorFlow's own threads, which run the step;
+* ``fit outside``: the process CPU time of that epoch spent outside the calls of the train function
+  (``fit``'s per-epoch setup and teardown, callbacks, the data adapter), measured by wrapping each
+  model's train function during the timed epochs; the rest of the epoch is its batches;
 * ``train function``: each model's train function called ``--steps`` times on a ``tf.data``
   iterator (what ``fit`` calls per batch, without its per-epoch setup and callbacks);
 * ``step``: the compiled step's gradients against the plain traced step's (no optimizer, no
@@ -65,6 +68,7 @@ FIELDS = (["model", "budget", "strategy", "predicted_overhead", "recomputations"
           + [f"train_remat_{unit}_{stat}" for unit in ("wall_s", "cpu_s") for stat in STATISTICS]
           + [f"fit_control_{unit}_{stat}" for unit in ("wall_s", "cpu_s") for stat in STATISTICS]
           + [f"fit_{side}_host_cpu_s_{stat}" for side in ("plain", "remat", "control") for stat in STATISTICS]
+          + [f"fit_{side}_outside_cpu_s_{stat}" for side in ("plain", "remat", "control") for stat in STATISTICS]
           + [f"{part}_{unit}_ratio_{stat}" for part in PARTS for unit in ("wall", "cpu") for stat in STATISTICS]
           + [f"fit_control_{unit}_ratio_{stat}" for unit in ("wall", "cpu") for stat in STATISTICS]
           + [f"fit_host_cpu_ratio_{stat}" for stat in STATISTICS]
@@ -132,17 +136,37 @@ def run(name: str, budget: str, repeats: int, steps: int) -> dict:
     }
     for fn in fns.values():
         fn()
+    # the process CPU time each epoch spends inside its model's train function (the batches)
+    inside = {"plain": 0.0, "remat": 0.0, "control": 0.0}
+
+    def batches_timed(side, model):
+        own = model.train_function
+
+        def timed(iterator):
+            started = time.process_time()
+            try:
+                return own(iterator)
+            finally:
+                inside[side] += time.process_time() - started
+        return timed
+
+    for side, model in (("plain", plain), ("remat", trainer), ("control", control)):
+        model.train_function = batches_timed(side, model)
     names = list(fns)
     wall: dict = {k: [] for k in names}
     cpu: dict = {k: [] for k in names}
     host: dict = {k: [] for k in names}
+    outside: dict = {k: [] for k in inside}
     for r in range(repeats):
         for k in names[r % len(names):] + names[:r % len(names)]:
+            inside.update((side, 0.0) for side in inside)
             t, c, h = time.perf_counter(), time.process_time(), time.thread_time()
             fns[k]()
             wall[k].append(time.perf_counter() - t)
             cpu[k].append(time.process_time() - c)
             host[k].append(time.thread_time() - h)
+            if k.startswith("fit_"):
+                outside[k[4:]].append(cpu[k][-1] - inside[k[4:]])
     statistic = {"median": lambda v: round(float(np.median(v)), 4), "min": lambda v: round(float(np.min(v)), 4)}
     row = {"model": name, "budget": budget if budget != "default" else given, "strategy": step.strategy,
            "predicted_overhead": round(step.predicted.overhead, 4), "recomputations": step.predicted.recompute_count,
@@ -155,6 +179,7 @@ def run(name: str, budget: str, repeats: int, steps: int) -> dict:
     for side in ("plain", "remat", "control"):
         for stat, f in statistic.items():
             row[f"fit_{side}_host_cpu_s_{stat}"] = f(host[f"fit_{side}"])
+            row[f"fit_{side}_outside_cpu_s_{stat}"] = f(outside[side])
     for part in PARTS:
         for unit in ("wall", "cpu"):
             for stat in STATISTICS:
@@ -178,6 +203,7 @@ COLUMNS = [("model", "model"), ("budget", "budget"), ("predicted", "predicted ov
            ("fit", "epoch (fit) wall / CPU"), ("train_function", "train function wall / CPU"),
            ("train_step", "train step wall / CPU"), ("step", "step gradients wall / CPU"),
            ("control", "control epoch wall / CPU"), ("host", "epoch host thread CPU"),
+           ("outside", "epoch CPU s outside the train function, plain / remat / control"),
            ("waiting", "wall / CPU time, plain / remat: epoch, train function, step gradients"),
            ("seconds", "epoch s, plain / remat (wall)"), ("load_average", "load average (1, 5, 15 min)"),
            ("order", "order")]
@@ -194,6 +220,9 @@ def write_markdown(path: Path, rows: list[dict], command: str, steps: int, repea
               **({"control": ratios(row, "fit_control"),
                   "host": (f"{row['fit_host_cpu_ratio_min']:.3f}x (median {row['fit_host_cpu_ratio_median']:.3f}x; "
                            f"{row['fit_plain_host_cpu_s_min']} / {row['fit_remat_host_cpu_s_min']} s)"),
+                  "outside": " / ".join(f"{row[f'fit_{side}_outside_cpu_s_min']}" for side in ("plain", "remat", "control"))
+                             + " (median " + " / ".join(f"{row[f'fit_{side}_outside_cpu_s_median']}"
+                                                        for side in ("plain", "remat", "control")) + ")",
                   "waiting": ", ".join(f"{row[f'{part}_plain_wall_over_cpu_median']:.2f} / "
                                        f"{row[f'{part}_remat_wall_over_cpu_median']:.2f}"
                                        for part in ("fit", "train_function", "step"))}
