@@ -212,3 +212,83 @@ def test_report_says_the_plain_step_does_not_fit_and_fit_goes_on(caplog, monkeyp
     assert any("step time not measured: the plain step does not fit in the device's memory (OOM when allocating"
                in m for m in messages)
     assert not any("checkmate: step time " in m and "x the plain step" in m for m in messages)
+
+
+def conv_net() -> keras.Model:
+    """Convolutions with batch normalization: moving-statistics updates beside the optimizer's."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((12, 12, 3))
+    h = inputs
+    for _ in range(4):
+        h = keras.layers.Conv2D(8, 3, padding="same")(h)
+        h = keras.layers.BatchNormalization()(h)
+        h = keras.layers.ReLU()(h)
+    h = keras.layers.GlobalAveragePooling2D()(h)
+    return keras.Model(inputs, keras.layers.Dense(5)(h), name="conv_net")
+
+
+# ops that write a variable: the optimizer's updates, the moving statistics, the loss tracker's sums
+VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+def executed_train_graph(model, dataset) -> "tf.compat.v1.GraphDef":
+    """The largest graph that ``model``'s train function runs for one batch of ``dataset``, as
+    TensorFlow executes it (after inlining and Grappler), from a train function made afresh."""
+    from checkmate.tf2 import _compat
+
+    model.make_train_function(force=True)
+    batches = iter(dataset)
+    graphs = _compat.executed_graph_defs(lambda: model.train_function(batches))
+    return max(graphs, key=lambda g: len(g.node))
+
+
+def test_the_train_function_runs_one_flat_graph_with_the_updates_of_keras_own():
+    """An epoch costs its step: RematModel's train function runs as one graph (the compiled step and
+    the optimizer's update inlined into it, no function call left) that writes the variables as often
+    as Keras' own train function does (no second optimizer apply, no extra moving-statistics update),
+    and each gradient is applied as soon as it is computed (no update waits for all of them)."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((16, 12, 12, 3)).astype("float32")
+    y = rng.integers(0, 5, (16,)).astype("int32")
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    plain = conv_net()
+    plain.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss)
+    trainer = checkmate.tf2.RematModel(conv_net(), budget="50% activations", compile_options={"cost_model": "flops"})
+    trainer.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss)
+    for model in (plain, trainer):
+        model.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert trainer.compiled_step().predicted.recompute_count > 0
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+    ours, keras_own = executed_train_graph(trainer, dataset), executed_train_graph(plain, dataset)
+
+    def count(graph, kinds):
+        return sum(1 for node in graph.node if node.op in kinds or node.op.startswith(kinds))
+
+    calls = ("PartitionedCall", "StatefulPartitionedCall")
+    assert count(ours, calls) == 0 and count(keras_own, calls) == 0
+    writes = count(keras_own, VARIABLE_WRITES + ("ResourceApply",))
+    assert writes > 0 and count(ours, VARIABLE_WRITES + ("ResourceApply",)) == writes
+
+    def waiting_for_every_filter_gradient(graph):
+        parents = {n.name: [i.lstrip("^").split(":")[0] for i in n.input] for n in graph.node}
+        filters = {n.name for n in graph.node if "BackpropFilter" in n.op}
+        waiting = 0
+        for node in graph.node:
+            if not node.op.startswith(VARIABLE_WRITES + ("ResourceApply",)):
+                continue
+            seen, stack = set(), [node.name]
+            while stack:
+                for parent in parents.get(stack.pop(), ()):
+                    if parent not in seen:
+                        seen.add(parent)
+                        stack.append(parent)
+            waiting += filters <= seen
+        return len(filters), waiting
+
+    filters, keras_waiting = waiting_for_every_filter_gradient(keras_own)
+    assert filters == 4
+    filters, waiting = waiting_for_every_filter_gradient(ours)
+    # at most three: the first convolution's kernel's two momentum writes (its gradient is computed
+    # last in any order) and one write that the plan's order places after the backward pass; never
+    # the updates of the other layers, which would then all run in a tail after the gradients
+    assert waiting <= keras_waiting + 3
