@@ -14,10 +14,11 @@ import csv
 import json
 import os
 import platform
+import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -83,6 +84,25 @@ def write_meta(path: Path, setting: str, extra: dict | None = None, started: flo
     if extra:
         data.update(extra)
     path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def write_run_report(out: Path, label: str, script: str, argv: Sequence[str], started: float,
+                     render: Callable[[dict], str]) -> Path:
+    """``<label>.meta.json`` (the exact command, the device, when the run started and how long it took)
+    and ``<label>.md``, ``render(meta)`` followed by the section headed "## Findings" that a reader
+    wrote under an earlier run's table, kept. ``started`` is a ``time.time()``."""
+    from checkmate.tf2.profiling import device_description
+
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"command": f"python experiments/{script} " + shlex.join(list(argv)),
+            "device": device_description(), "seconds": round(time.time() - started, 1),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
+    (out / f"{label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    path = out / f"{label}.md"
+    old = path.read_text() if path.exists() else ""
+    kept = "\n" + old[old.index("## Findings"):] if "## Findings" in old else ""
+    path.write_text(render(meta) + kept)
     return path
 
 

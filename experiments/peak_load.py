@@ -27,9 +27,7 @@ Results: experiments/results/peak_load.{csv,md,meta.json}.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shlex
 import statistics
 import subprocess
 import sys
@@ -42,7 +40,7 @@ if str(HERE) not in sys.path:
 
 os.environ.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "true")   # byte-exact CPU allocator statistics
 
-from common import write_csv  # noqa: E402
+from common import write_csv, write_run_report  # noqa: E402
 from step_order import logged_step_peaks, start_memory_log  # noqa: E402
 
 RESULTS = HERE / "results"
@@ -199,19 +197,8 @@ def main(argv=None) -> int:
                              {"plain": 0, "none": 2}.get(r.get("step"), 1), order.get(r.get("phase"), -1)))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / f"{args.label}.csv", rows, FIELDS)
-    from checkmate.tf2.profiling import device_description
-
-    meta = {"command": "python experiments/peak_load.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-            "device": device_description(), "seconds": round(time.time() - started, 1),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
-    (args.out / f"{args.label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    path = args.out / f"{args.label}.md"
-    # a hand-written section headed "## Findings" of the earlier file is kept
-    kept = ""
-    if path.exists() and "## Findings" in path.read_text():
-        old = path.read_text()
-        kept = "\n" + old[old.index("## Findings"):]
-    path.write_text(markdown(rows, meta) + kept)
+    write_run_report(args.out, args.label, "peak_load.py", sys.argv[1:] if argv is None else argv, started,
+                     lambda meta: markdown(rows, meta))
     print(f"wrote {args.out / args.label}.{{csv,md,meta.json}}")
     return 0
 

@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import re
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -43,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from common import write_csv  # noqa: E402
+from common import write_csv, write_run_report  # noqa: E402
 
 RESULTS = HERE / "results"
 ORDERS = ("total", "partial", "none")
@@ -313,20 +312,9 @@ def main(argv=None) -> int:
             row = run(name, budget, args.repeats, args.time_limit, previous, args.memory_log)
             rows.append(row)
             print(json.dumps(row), flush=True)
-    from checkmate.tf2.profiling import device_description
-
     write_csv(args.out / f"{args.label}.csv", rows, FIELDS)
-    meta = {"command": "python experiments/step_order.py " + shlex.join(sys.argv[1:] if argv is None else argv),
-            "device": device_description(), "seconds": round(time.time() - started, 1),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
-    (args.out / f"{args.label}.meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    path = args.out / f"{args.label}.md"
-    # a hand-written section headed "## Findings" of the earlier file is kept
-    kept = ""
-    if path.exists() and "## Findings" in path.read_text():
-        old = path.read_text()
-        kept = "\n" + old[old.index("## Findings"):]
-    path.write_text(markdown(rows, meta) + kept)
+    write_run_report(args.out, args.label, "step_order.py", sys.argv[1:] if argv is None else argv, started,
+                     lambda meta: markdown(rows, meta))
     return 0
 
 
