@@ -505,7 +505,8 @@ def _closure_programme(graph: "Graph", droppables: list[np.ndarray], excesses: l
     cols[is_x] = x_cols
     cols[~is_x] = len(used) + (-1 - keys[~is_x])
     # the value each window column computes again: window number -> value
-    value_at = np.repeat(np.arange(graph.n), np.diff(np.concatenate([window_start, [window_start[-1] + len(graph.users[-1]) + 1]])))
+    window_end = window_start[-1] + len(graph.users[-1]) + 1
+    value_at = np.repeat(np.arange(graph.n), np.diff(np.concatenate([window_start, [window_end]])))
     cost = np.concatenate([graph.cost[value_at[used]].astype(np.float64), np.zeros(aux)])
     b = np.asarray(rhs, dtype=np.float64)
     A = sp.csr_matrix((value_of, (row_of, cols)), shape=(len(b), len(cost)))

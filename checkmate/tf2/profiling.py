@@ -833,9 +833,10 @@ def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequ
     """Time every node of a lowered step on the current device, on its real input values.
 
     With ``trace`` (the default) the whole plain step runs under TF's profiler: ``warmup`` untimed
-    runs, then up to :data:`TRACE_RUNS` (or ``repeats`` where larger) traced ones, and each node's time is the :func:`robust_median` over
-    the runs of its ops' times in the trace (see :func:`_trace_node_times`): every node measured in
-    the step's own program, as it runs there, in a few step times. Nodes the trace cannot attribute
+    runs, then up to :data:`TRACE_RUNS` (or ``repeats`` where larger) traced ones, and each node's
+    time is the :func:`robust_median` over the runs of its ops' times in the trace (see
+    :func:`_trace_node_times`): every node measured in the step's own program, as it runs there, in
+    a few step times. Nodes the trace cannot attribute
     (every op folded away or renamed by Grappler), or all of them when the profiler cannot run, are
     then measured alone as below while the time budget lasts.
 

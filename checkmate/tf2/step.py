@@ -333,8 +333,9 @@ class CompiledStep:
         one process, median of ``repeats`` each after a warm-up call: the ratio the predicted overhead
         predicts. ``gradients_only=False`` times a whole training step instead (the gradients and the
         optimizer's update) against the plain traced step with the same update, which the update's
-        time, the same in both, brings closer to 1. Kept in :attr:`measured` and shown by :meth:`summary`. The model's and the optimizer's
-        variables are put back afterwards: measuring trains nothing."""
+        time, the same in both, brings closer to 1. Kept in :attr:`measured` and shown by
+        :meth:`summary`. The model's and the optimizer's variables are put back afterwards: measuring
+        trains nothing."""
         self.measured = measure_step_time(self, x, y, repeats=repeats, gradients_only=gradients_only)
         return self.measured
 

@@ -153,8 +153,9 @@ def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, rep
     """:class:`MeasuredTime` of ``step``'s gradients against the plain traced step's (Grappler on, as
     users run it), interleaved (:func:`interleaved_times`): what the predicted overhead predicts.
     ``gradients_only=False`` times a whole training step (the gradients and the optimizer's update)
-    against the plain traced step with the same update. ``(x, y)`` default to a random batch of the compiled shapes. The model's variables and the
-    optimizer's are put back afterwards: the measurement trains nothing."""
+    against the plain traced step with the same update. ``(x, y)`` default to a random batch of the
+    compiled shapes. The model's variables and the optimizer's are put back afterwards: the
+    measurement trains nothing."""
     if step.distribution is not None:
         raise InvalidArgumentError("measure_step_time times one replica's step against the plain one: compile the "
                                    "step without a tf.distribute strategy to measure it")
