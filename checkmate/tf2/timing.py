@@ -6,13 +6,21 @@ against the plain traced step's, the ratio the predicted overhead predicts; ``gr
 times a whole training step, the optimizer update included, against the plain traced step with the
 same update. :func:`interleaved_times` runs several
 functions in turn so that the machine's load weighs on each alike; :func:`preserved_state` puts back
-what the timed steps changed. This module does not import :mod:`checkmate.tf2.step`, which uses it.
+what the timed steps changed. :func:`interleaved_counters` runs them in turn the same way and
+counts, per call, what the process paid besides the ops' arithmetic (page faults, context switches):
+for telling whether a step costs less or more than predicted because of the memory it touches or of
+the threads it waits for. This module does not import :mod:`checkmate.tf2.step`, which uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+
+try:        # POSIX only: the process's page-fault and context-switch counts (interleaved_counters)
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -25,7 +33,7 @@ from checkmate.tf2.lowered import LoweredGraph
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "time_step_s", "random_batch", "preserved_state",
+__all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "interleaved_counters", "StepCounters", "time_step_s", "random_batch", "preserved_state",
            "plain_train_function", "TRAIN_STEP_REFERENCE", "GRADIENTS_REFERENCE"]
 
 # What a measured ratio is against (MeasuredTime.reference)
@@ -146,6 +154,61 @@ def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tupl
             wall[k].append(time.perf_counter() - start)
             cpu[k].append(time.process_time() - cpu_start)
     return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
+
+
+@dataclass(frozen=True)
+class StepCounters:
+    """Per-call medians of one function's process counters (:func:`interleaved_counters`): time, and
+    what the kernel counted for the whole process (all threads) during the call."""
+
+    wall_s: float
+    cpu_s: float                  # process CPU time (user and system, every thread)
+    minor_faults: float           # page faults served without I/O: first touches of fresh pages
+    major_faults: float           # page faults that read from disk
+    voluntary_switches: float     # a thread gave up its core (waiting for another op, a lock, I/O)
+    involuntary_switches: float   # a thread was preempted (another process or thread took its core)
+    system_s: float               # kernel time (page faults, thread wake-ups, madvise/munmap)
+
+
+def _counters() -> np.ndarray:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return np.array([time.perf_counter(), time.process_time(), usage.ru_minflt, usage.ru_majflt, usage.ru_nvcsw,
+                     usage.ru_nivcsw, usage.ru_stime], dtype=float)
+
+
+def interleaved_counters(fns: Sequence[Any], *args: Any, repeats: int = 15) -> list[StepCounters]:
+    """:class:`StepCounters` of each ``fn(*args)``, called in turn as :func:`interleaved_times` calls
+    them (one warm-up call each, each round starting one function further on), medians of ``repeats``.
+
+    The counters are the process's (``getrusage``), so they count every thread the call woke; a
+    warm step of a pooling allocator (TF's BFC allocator, or glibc's malloc once its mmap threshold has
+    grown past the step's buffers) takes no page fault, and a fault count per call above zero means
+    the allocator handed fresh pages to the step on every call."""
+    if resource is None:
+        raise InvalidArgumentError("interleaved_counters needs the POSIX resource module (getrusage), "
+                                   "which this platform lacks")
+
+    def run(fn):
+        out = fn(*args)
+        for t in tf.nest.flatten(out)[:1]:
+            t.numpy()
+
+    for fn in fns:
+        run(fn)
+    samples: list[list[np.ndarray]] = [[] for _ in fns]
+    n = len(fns)
+    for r in range(max(1, repeats)):
+        for k in [(r + j) % n for j in range(n)]:
+            before = _counters()
+            run(fns[k])
+            samples[k].append(_counters() - before)
+    out = []
+    for rows in samples:
+        m = np.median(np.asarray(rows), axis=0)
+        out.append(StepCounters(wall_s=float(m[0]), cpu_s=float(m[1]), minor_faults=float(m[2]),
+                                major_faults=float(m[3]), voluntary_switches=float(m[4]),
+                                involuntary_switches=float(m[5]), system_s=float(m[6])))
+    return out
 
 
 def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, repeats: int = 15,
