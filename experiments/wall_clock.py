@@ -26,6 +26,17 @@ experiments/results/wall_clock.csv (and wall_clock_compare.csv) with the command
 generated step traced in turn, each recomputed node's copies against the profile's price and the plain
 step's own trace (``<label>_copies.csv`` and ``.md``).
 
+``--counters`` adds, per row, the per-call medians of the process's page faults and context switches
+of the generated and the plain step (CompiledStep functions called in turn,
+checkmate.tf2.timing.interleaved_counters) and the load average when the row was measured.
+``--threads N`` runs TF with N intra-op and N inter-op threads (the profile is cached per intra-op
+setting), to see what running ops side by side is worth. ``--cache-reuse`` runs, instead of the table,
+a look at what a value's place in the cache is worth: a backward op (a weight gradient, a layer
+normalization) timed reading an input written after 64 MiB were streamed through the caches (as a
+recomputed value is read) and an equal one written before (as a value kept since the forward pass
+is read in a step whose peak is past the last-level cache), at the residual MLP's and the
+transformer's shapes (``<label>_cache_reuse.csv`` and ``.md``).
+
 ``--compare-only`` runs only the comparison, for ``--models``, and replaces those models' rows of
 an earlier run's comparison (the .meta.json and the table then name both commands).
 
@@ -33,6 +44,8 @@ an earlier run's comparison (the .meta.json and the table then name both command
     python experiments/wall_clock.py --models resmlp --budgets 100%,50% --repeats 9 --check
     python experiments/wall_clock.py --compare-only --models resmlp --repeats 31
     python experiments/wall_clock.py --trace-copies --models resmlp --budgets 70%,50% --label copies
+    python experiments/wall_clock.py --models resmlp --counters --threads 1 --label one_thread
+    python experiments/wall_clock.py --cache-reuse --repeats 61 --label cache
 """
 
 from __future__ import annotations
@@ -57,7 +70,9 @@ RESULTS = HERE / "results"
 DEFAULT_BUDGETS = ("100%", "70%", "50%")
 FIELDS = ["model", "nodes", "budget", "strategy", "predicted_overhead", "measured_ratio", "measured_cpu_ratio",
           "ratio_error", "predicted_step_peak_bytes", "measured_step_peak_bytes", "plain_step_peak_bytes",
-          "step_ms", "plain_ms", "recomputations", "cost_model", "compile_s", "status"]
+          "step_ms", "plain_ms", "recomputations", "cost_model", "compile_s", "load_1min", "step_minor_faults",
+          "plain_minor_faults", "step_major_faults", "plain_major_faults", "step_voluntary_switches",
+          "plain_voluntary_switches", "status"]
 COMPARE_FIELDS = ["model", "method", "budget_bytes", "measured_step_peak_bytes", "peak_alone_bytes", "plain_step_peak_bytes",
                   "measured_ratio", "measured_cpu_ratio", "predicted_overhead", "step_ms", "plain_ms", "status"]
 
@@ -309,8 +324,9 @@ def interleaved_peaks(fns, *args, rounds: int = COMPARE_PEAK_RUNS) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------ runs
-def run_budgets(name: str, budgets, repeats: int, time_limit_s=None) -> list[dict]:
+def run_budgets(name: str, budgets, repeats: int, time_limit_s=None, counters: bool = False) -> list[dict]:
     import checkmate.tf2 as ct
+    from checkmate.tf2.timing import interleaved_counters, preserved_state
     from checkmate.tf2.step import cost_model_description
 
     keras = _keras()
@@ -345,7 +361,21 @@ def run_budgets(name: str, budgets, repeats: int, time_limit_s=None) -> list[dic
                    measured_step_peak_bytes=step_peak(step.function.call_flat, x, y),
                    plain_step_peak_bytes=plain_peak, step_ms=round(measured.step_seconds * 1e3, 3),
                    plain_ms=round(measured.plain_seconds * 1e3, 3), recomputations=step.predicted.recompute_count,
-                   cost_model=cost_model_description(step.lowered), status="ok")
+                   cost_model=cost_model_description(step.lowered), load_1min=round(os.getloadavg()[0], 2),
+                   status="ok")
+        if counters:
+            import tensorflow as tf
+
+            args, _ = step.lowered.function.structured_input_signature
+            flat = step.function.flat_args(x, y)
+            with preserved_state(step.model.variables, []):     # BatchNorm statistics, as measure_time
+                generated, plain = interleaved_counters(
+                    [step.function.call_flat, lambda *f: step.lowered.function(*tf.nest.pack_sequence_as(args, f))],
+                    *flat, repeats=repeats)
+            row.update(step_minor_faults=generated.minor_faults, plain_minor_faults=plain.minor_faults,
+                       step_major_faults=generated.major_faults, plain_major_faults=plain.major_faults,
+                       step_voluntary_switches=generated.voluntary_switches,
+                       plain_voluntary_switches=plain.voluntary_switches)
         rows.append(row)
         print(f"{name} {budget}: predicted {predicted:.3f}x measured {ratio:.3f}x (cpu {measured.cpu_ratio:.3f}x) "
               f"peak {row['measured_step_peak_bytes'] / 2 ** 20:.1f} MiB of plain {plain_peak / 2 ** 20:.1f} MiB "
@@ -427,6 +457,99 @@ COPIES_FIELDS = ["model", "budget", "kind", "nodes", "copies", "profile_cost_sha
 # Traced runs of each step per round, and rounds (the plain and the generated step in turn).
 COPIES_RUNS = 21
 COPIES_ROUNDS = 3
+
+
+# (model, op, shape of the value read): the residual MLP's block activations (2048 x 128 and x 256,
+# 1-2 MiB) and the transformer's (8 x 64 x 64 and x 256, 128-512 KiB)
+CACHE_REUSE_CASES = (("resmlp", "weight_gradient", (2048, 128), 256), ("resmlp", "layer_norm", (2048, 128), None),
+                     ("resmlp", "weight_gradient", (2048, 256), 128),
+                     ("transformer", "weight_gradient", (512, 64), 256), ("transformer", "layer_norm", (512, 64), None),
+                     ("transformer", "weight_gradient", (512, 256), 64))
+CACHE_REUSE_FIELDS = ["model", "op", "value_shape", "value_kib", "hot_us", "cold_us", "cold_over_hot", "hot_cpu_us",
+                      "cold_cpu_us", "cpu_cold_over_hot", "repeats", "load_1min"]
+EVICT_BYTES = 64 * 2 ** 20     # twice the test machine's 32 MiB L3
+
+
+def cache_reuse(repeats: int) -> list[dict]:
+    """Each case's op timed on a value just written (hot) and on one evicted from the caches (cold),
+    in alternating order, medians of ``repeats`` each in wall and process CPU time."""
+    import numpy as np
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    flood = tf.Variable(tf.zeros((EVICT_BYTES // 4,)))
+
+    @tf.function
+    def evict():
+        flood.assign_add(tf.ones_like(flood))     # reads and writes 64 MiB: what was cached is gone
+        return flood[0]
+
+    @tf.function
+    def produce(x):
+        return tf.nn.relu(x * 1.0001)             # a fresh value, written as a forward op writes it
+
+    @tf.function
+    def layer_norm(h):
+        mean, var = tf.nn.moments(h, axes=[-1], keepdims=True)
+        return (h - mean) * tf.math.rsqrt(var + 1e-3)
+
+    rows = []
+    for model, op, shape, other in CACHE_REUSE_CASES:
+        x = tf.constant(rng.standard_normal(shape), tf.float32)
+        if op == "weight_gradient":
+            grad = tf.constant(rng.standard_normal((shape[0], other)), tf.float32)
+            fn = tf.function(lambda h, g=grad: tf.matmul(h, g, transpose_a=True))
+        else:
+            fn = layer_norm
+
+        spare = produce(x + 1.0)
+
+        def sample(hot: bool):
+            # Both cases run the same ops; they differ only in which of two equal values the timed op
+            # reads: the one written before the flood or the one written after it. The op first runs
+            # once on a third value, so that its code, its other operand and the threads are warm alike.
+            early = produce(x)
+            early.numpy()
+            evict().numpy()
+            late = produce(x)
+            late.numpy()
+            fn(spare).numpy()
+            start, cpu_start = time.perf_counter(), time.process_time()
+            fn(late if hot else early).numpy()
+            return time.perf_counter() - start, time.process_time() - cpu_start
+
+        for _ in range(3):
+            sample(True), sample(False)
+        got = {True: [], False: []}
+        for r in range(repeats):
+            for hot in ((True, False) if r % 2 else (False, True)):
+                got[hot].append(sample(hot))
+        (hot_s, hot_cpu), (cold_s, cold_cpu) = (np.median(np.asarray(got[k]), axis=0) for k in (True, False))
+        rows.append({"model": model, "op": op, "value_shape": "x".join(map(str, shape)),
+                     "value_kib": int(np.prod(shape)) * 4 // 1024, "hot_us": round(hot_s * 1e6, 1),
+                     "cold_us": round(cold_s * 1e6, 1), "cold_over_hot": round(cold_s / hot_s, 3),
+                     "hot_cpu_us": round(hot_cpu * 1e6, 1), "cold_cpu_us": round(cold_cpu * 1e6, 1),
+                     "cpu_cold_over_hot": round(cold_cpu / hot_cpu, 3) if hot_cpu > 0 else None,
+                     "repeats": repeats, "load_1min": round(os.getloadavg()[0], 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def cache_reuse_markdown(rows: list[dict], meta: dict) -> str:
+    lines = ["# A value read from the cache against one read from memory", "",
+             f"Command: `{meta['command']}`  ", f"Device: {meta['device']}; started {meta['started']} UTC, "
+             f"{meta['seconds']:.0f} s.", "",
+             "Each op timed on an input written after 64 MiB were streamed through the caches (hot: as a "
+             "recomputed value is read right after its recomputation) and on an equal one written before them "
+             "(cold: as a value kept since the forward pass is read when the step's peak is past the last-level "
+             "cache); in both cases the op ran once on a third value just before, so its code, its other operand "
+             "and the threads were warm. Alternating, medians.", "",
+             "| model | op | value | KiB | hot us | cold us | cold / hot | CPU cold / hot | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['op']} | {r['value_shape']} | {r['value_kib']} | {r['hot_us']} | "
+                     f"{r['cold_us']} | {_fmt(r['cold_over_hot'])} | {_fmt(r['cpu_cold_over_hot'])} | {r['load_1min']} |")
+    return "\n".join(lines) + "\n"
 
 
 def _kind(layer: str) -> str:
@@ -581,19 +704,32 @@ def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
              "Ratios are to the plain traced GradientTape step (Grappler on), interleaved in one process, "
              "median of the repeats; CPU is the same ratio in process CPU time (robust to other processes "
              "on a shared machine). Peaks are step peaks in MiB (above parameters and batch)."]
+    counted = any(r.get("step_minor_faults") not in (None, "") for r in rows)
+    if counted:
+        lines += ["", "Faults and switches: the per-call medians of the process's minor page faults and voluntary "
+                  "context switches, generated step / plain step (--counters); load: the 1-minute load average "
+                  "when the row was measured."]
+    extra_head = " faults / call | switches / call | load |" if counted else ""
     if rows:
         lines += ["", "| model | budget | strategy | nodes | predicted | measured | CPU | error | peak (pred.) "
-                  "| peak (meas.) | plain peak | compile s |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| peak (meas.) | plain peak | compile s |" + extra_head,
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if counted else "")]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |")
+            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |"
+                         + ("  |  |  |" if counted else ""))
             continue
+        extra = ""
+        if counted:
+            extra = (f" {_fmt(r.get('step_minor_faults'), '{:.0f}')} / {_fmt(r.get('plain_minor_faults'), '{:.0f}')} | "
+                     f"{_fmt(r.get('step_voluntary_switches'), '{:.0f}')} / "
+                     f"{_fmt(r.get('plain_voluntary_switches'), '{:.0f}')} | {_fmt(r.get('load_1min'), '{:.1f}')} |")
         lines.append(
             f"| {r['model']} | {r['budget']} | {r['strategy']} | {r['nodes']} | {_fmt(r['predicted_overhead'])} | "
             f"{_fmt(r['measured_ratio'])} | {_fmt(r['measured_cpu_ratio'])} | {_fmt(r['ratio_error'], '{:+.1%}')} | "
             f"{mib.format(float(r['predicted_step_peak_bytes']) / 2 ** 20)} | "
             f"{mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
-            f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {r['compile_s']} |")
+            f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {r['compile_s']} |" + extra)
     if compare:
         lines += ["", "## Against the heuristics, at the same measured memory", "",
                   "Checkmate's budget is each heuristic's measured step peak (after its own timing) plus the "
@@ -700,6 +836,14 @@ def main(argv=None) -> int:
     p.add_argument("--trace-copies", action="store_true",
                    help="instead of the table: trace the plain and the generated step of each plan below 100%% and "
                         "compare the recomputed copies' time with the profile's price (<label>_copies.csv, .md)")
+    p.add_argument("--counters", action="store_true",
+                   help="add each row's page faults and context switches per call (generated and plain step) and the "
+                        "load average")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="run TF with N intra-op and N inter-op threads (default: TF's own)")
+    p.add_argument("--cache-reuse", action="store_true",
+                   help="instead of the table: time backward ops on an input in cache and on one evicted from it "
+                        "(<label>_cache_reuse.csv, .md)")
     p.add_argument("--tolerance", type=float, default=0.08)
     p.add_argument("--max-identity-ratio", type=float, default=1.05)
     p.add_argument("--out", type=Path, default=RESULTS)
@@ -723,8 +867,22 @@ def main(argv=None) -> int:
     budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
     started = time.time()
     command = "python experiments/wall_clock.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.threads:
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
+        tf.config.threading.set_inter_op_parallelism_threads(args.threads)
     if args.compare_only:
         return rerun_compare(args, names, command, started)
+    if args.cache_reuse:
+        from checkmate.tf2.profiling import device_description
+
+        reuse = cache_reuse(args.repeats)
+        write_csv(args.out / f"{args.label}_cache_reuse.csv", reuse, CACHE_REUSE_FIELDS)
+        meta = {"command": command, "device": device_description(), "seconds": round(time.time() - started, 1),
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started))}
+        write_markdown(args.out / f"{args.label}_cache_reuse.md", cache_reuse_markdown(reuse, meta))
+        return 0
     if args.trace_copies:
         from checkmate.tf2.profiling import device_description
 
@@ -736,7 +894,7 @@ def main(argv=None) -> int:
         return 0
     rows, compare = [], []
     for name in names:
-        rows += run_budgets(name, budgets, args.repeats, args.time_limit)
+        rows += run_budgets(name, budgets, args.repeats, args.time_limit, counters=args.counters)
         if args.compare:
             compare += run_compare(name, args.repeats, args.time_limit)
     write_csv(args.out / f"{args.label}.csv", rows, FIELDS)

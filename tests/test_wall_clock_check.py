@@ -29,3 +29,23 @@ def test_drift_beyond_the_tolerance_fails_either_way():
 
 def test_rows_that_did_not_run_are_not_judged():
     assert wall_clock.check([{"model": "m", "budget": "50%", "status": "InfeasibleBudgetError: ..."}], 0.08, 1.05) == []
+
+
+def full_row(budget, **extra):
+    r = row(budget, 1.10, 1.05)
+    r.update(strategy="auto", nodes=10, measured_cpu_ratio=1.04, predicted_step_peak_bytes=2 ** 20,
+             measured_step_peak_bytes=2 ** 20, plain_step_peak_bytes=2 ** 21, compile_s=1.0, **extra)
+    return r
+
+
+def test_the_table_shows_the_counters_only_when_they_were_counted():
+    meta = {"command": "c", "device": "d", "started": "s", "seconds": 1.0}
+    plain = wall_clock.markdown([full_row("70%")], [], meta)
+    assert "faults / call" not in plain
+    counted = wall_clock.markdown([full_row("70%", step_minor_faults=12.0, plain_minor_faults=3.0,
+                                            step_voluntary_switches=40.0, plain_voluntary_switches=30.0,
+                                            load_1min=6.25)], [], meta)
+    header = next(line for line in counted.splitlines() if line.startswith("| model"))
+    body = next(line for line in counted.splitlines() if line.startswith("| m |"))
+    assert header.count("|") == body.count("|")
+    assert "| 12 / 3 | 40 / 30 | 6.2 |" in body or "| 12 / 3 | 40 / 30 | 6.3 |" in body

@@ -74,3 +74,18 @@ def test_interleaved_peaks_measure_every_step_in_turn():
     assert counted == {"small": 3, "large": 3}
     # the tiled copy (and its product) of 64 x 1024 floats per row of the multiple
     assert peaks[1] >= 512 * 64 * 1024 * 4 > peaks[0]
+
+
+def test_cache_reuse_times_each_case_hot_and_cold(monkeypatch):
+    """One row per case, its ratios the quotients of its medians (a small case and flood keep it quick)."""
+    monkeypatch.setattr(wall_clock, "CACHE_REUSE_CASES", (("m", "layer_norm", (64, 32), None),
+                                                          ("m", "weight_gradient", (64, 32), 16)))
+    monkeypatch.setattr(wall_clock, "EVICT_BYTES", 2 ** 20)
+    rows = wall_clock.cache_reuse(3)
+    assert [(r["op"], r["value_shape"], r["value_kib"]) for r in rows] == [("layer_norm", "64x32", 8),
+                                                                           ("weight_gradient", "64x32", 8)]
+    for r in rows:
+        assert r["hot_us"] > 0 and r["cold_us"] > 0 and r["repeats"] == 3
+        assert r["cold_over_hot"] == pytest.approx(r["cold_us"] / r["hot_us"], rel=0.01)
+    text = wall_clock.cache_reuse_markdown(rows, {"command": "c", "device": "d", "started": "s", "seconds": 1.0})
+    assert text.count("| m |") == 2
