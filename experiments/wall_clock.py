@@ -548,7 +548,8 @@ def cache_reuse_markdown(rows: list[dict], meta: dict) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['op']} | {r['value_shape']} | {r['value_kib']} | {r['hot_us']} | "
-                     f"{r['cold_us']} | {_fmt(r['cold_over_hot'])} | {_fmt(r['cpu_cold_over_hot'])} | {r['load_1min']} |")
+                     f"{r['cold_us']} | {_fmt(r['cold_over_hot'])} | {_fmt(r['cpu_cold_over_hot'])} | "
+                     f"{r['load_1min']} |")
     return "\n".join(lines) + "\n"
 
 

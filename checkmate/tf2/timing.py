@@ -33,7 +33,8 @@ from checkmate.tf2.lowered import LoweredGraph
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
-__all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "interleaved_counters", "StepCounters", "time_step_s", "random_batch", "preserved_state",
+__all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "interleaved_counters", "StepCounters",
+           "time_step_s", "random_batch", "preserved_state",
            "plain_train_function", "TRAIN_STEP_REFERENCE", "GRADIENTS_REFERENCE"]
 
 # What a measured ratio is against (MeasuredTime.reference)
