@@ -10,6 +10,15 @@ input shapes and dtypes (see :func:`cache_dir`). Nodes the trace cannot attribut
 one small program each, largest estimates first, while the time budget (``time_budget_s``) lasts;
 a node measured neither way costs its calibrated estimate.
 
+A node's traced cost is its share of the plain step's time where it ran there: a chain's forward
+nodes ran alone and cost their whole duration, backward nodes that ran side by side on the inter-op
+threads cost a part of theirs (half, on two free cores). A recomputed copy of a forward node runs in
+the backward pass, beside other ops, and on a CPU with a core to spare costs less than that price;
+the prediction, a sum of one cost per computation, does not model it (on two idle cores a residual
+MLP at 50% measured 1.074x against 1.183x; experiments/results/wall_clock_fid5_evidence.md). How
+much the backward nodes shared depends on what else the machine ran while the step was traced, so
+on a shared machine their costs, and a plan's predicted overhead, move from one profiling to another.
+
 ``estimate_cost`` is that estimate: for each op, the larger of its FLOPs over the device's measured
 FLOP rate and the bytes it reads and writes over the device's measured memory bandwidth, plus a
 per-op launch time (a roofline). Memory-bound ops (normalization, activations, elementwise, copies)
