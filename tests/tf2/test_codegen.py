@@ -355,8 +355,8 @@ def _split(text):
 def test_checkpoint_all_step_runs_the_plain_steps_graph(name):
     """With nothing recomputed, what TF executes for the generated step is what it executes for the
     plain step: the same ops, wired alike, no added identity, control edge or measuring hook. It also
-    fails when a Grappler pass is switched off for the generated step (``remapping`` in
-    PLAN_BREAKING_PASSES: the U-Net-like model's convolutions then run unfused, all three models fail)."""
+    fails when a Grappler pass is switched off for the generated step (with ``remapping`` in
+    PLAN_BREAKING_PASSES it fails on all three models)."""
     model, loss, xs, ys = MODELS[name]()
     lowered = lower(model, loss, xs, ys, level="layer")
     fn = generate(lowered, checkpoint_all_schedule(lowered.graph))
