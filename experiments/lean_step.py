@@ -17,6 +17,11 @@ in a ``tf.function``, Grappler on (experiments/wall_clock.py's ``tape_step``):
 ``--previous-codegen FILE`` also times the step generated from the same plan by another version of
 ``checkmate/tf2/codegen.py`` (``git show <rev>:checkmate/tf2/codegen.py > FILE``) in the same rounds.
 
+``--plan-budgets 60%`` also compiles a plan that recomputes (strategy ``auto``, FLOPs costs) and reports
+what its generated step runs for the plan's order beyond the recomputations, its gates (a private
+variable read or constant, or an ``EnsureShape``, that carries an anchor so that the op stays fusable),
+how many ran after Grappler and their time in the profiler trace, beside the step's time ratio.
+
 Models: ``resmlp`` and ``cnn`` (experiments/wall_clock.py), ``densenet121`` (keras.applications,
 64x64, batch 8, 10 classes, random weights). Results: experiments/results/<label>.{md,meta.json}.
 
@@ -82,11 +87,13 @@ def added_before_optimization(fn) -> collections.Counter:
     return (generated - plain) - own
 
 
-def op_type_times(fns: dict, args, runs: int, known: set) -> dict:
-    """{name: {op type: microseconds per run}} from one profiler trace of ``runs`` rounds, each step
-    once per round (the starting one rotating), each run inside a marker telling its ops apart. Only
-    events of the executed op types ``known`` count (not the function call's own event, which spans
-    the run, nor the runtime's)."""
+def op_type_times(fns: dict, args, runs: int, known: set) -> tuple[dict, dict]:
+    """``({name: {op type: microseconds per run}}, {name: microseconds per run of the gate ops})`` from
+    one profiler trace of ``runs`` rounds, each step once per round (the starting one rotating), each
+    run inside a marker telling its ops apart. Only events of the executed op types ``known`` count
+    (not the function call's own event, which spans the run, nor the runtime's). Gate ops: the
+    generated step's own ops that carry the plan's order (their names end in a gate suffix)."""
+    from checkmate.tf2.codegen import _DONE_SUFFIX, _GATE_SUFFIX
     from checkmate.tf2 import _compat
 
     names = list(fns)
@@ -101,7 +108,7 @@ def op_type_times(fns: dict, args, runs: int, known: set) -> dict:
 
     space = _compat.profiler_trace(body)
     marks: list[tuple[float, float, str]] = []
-    events: list[tuple[float, float, str]] = []
+    events: list[tuple[float, float, str, bool]] = []
     for plane in space.planes:
         if plane.name.startswith("/device:"):
             continue
@@ -114,17 +121,21 @@ def op_type_times(fns: dict, args, runs: int, known: set) -> dict:
                 if label.startswith("lean_step_"):
                     marks.append((start, start + duration, label[len("lean_step_"):]))
                 elif label.rpartition(":")[2] in known:
-                    events.append((start, duration, label.rpartition(":")[2]))
+                    op_name, _, kind = label.rpartition(":")
+                    events.append((start, duration, kind, _GATE_SUFFIX in op_name or _DONE_SUFFIX in op_name))
     marks.sort()
     out = {name: collections.Counter() for name in names}
+    gates = {name: 0.0 for name in names}
     starts = [m[0] for m in marks]
     import bisect
 
-    for start, duration, kind in events:
+    for start, duration, kind, gate in events:
         k = bisect.bisect_right(starts, start) - 1
         if k >= 0 and start <= marks[k][1]:
             out[marks[k][2]][kind] += duration / runs
-    return out
+            if gate:
+                gates[marks[k][2]] += duration / runs
+    return out, gates
 
 
 def tf_first(out):
@@ -172,7 +183,7 @@ def run(name: str, repeats: int, trace_runs: int, previous=None) -> dict:
     row["cpu_ms"] = {k: c * 1e3 for k, c in zip(names, cpu)}
     if trace_runs > 0:
         known = set(structure_gen["types"]) | set(structure_plain["types"])
-        times = op_type_times({k: fns[k] for k in (_GEN, _PLAIN, _CONTROL)}, flat, trace_runs, known)
+        times, _ = op_type_times({k: fns[k] for k in (_GEN, _PLAIN, _CONTROL)}, flat, trace_runs, known)
         row["trace_ms"] = {k: sum(v.values()) * 1e-3 for k, v in times.items()}
         gap = {t: times[_GEN][t] - times[_PLAIN][t] for t in set(times[_GEN]) | set(times[_PLAIN])}
         row["trace_gap"] = sorted(gap.items(), key=lambda kv: -abs(kv[1]))[:_TOP_TYPES]
@@ -180,6 +191,83 @@ def run(name: str, repeats: int, trace_runs: int, previous=None) -> dict:
         row["trace_control_gap"] = sorted(ctl.items(), key=lambda kv: -abs(kv[1]))[:_TOP_TYPES]
     print(f"{name}: {row}", flush=True)
     return row
+
+
+def gate_names(names) -> int:
+    """How many of the op names are the generated step's gates (value, variable-read and constant
+    gates, and the EnsureShape an anchor waits for instead of a computation's last op)."""
+    from checkmate.tf2.codegen import _DONE_SUFFIX, _GATE_SUFFIX
+
+    return sum(1 for n in names if _GATE_SUFFIX in n or _DONE_SUFFIX in n)
+
+
+def run_plan(name: str, budget: str, repeats: int, trace_runs: int, time_limit_s: float) -> dict:
+    """A plan that recomputes (``budget``, strategy ``auto``): what the generated step runs for the
+    plan's order beyond the recomputations themselves, the gates, and what they cost."""
+    import keras
+
+    import checkmate.tf2 as ct
+    import wall_clock
+    from checkmate.tf2 import _compat
+    from checkmate.tf2.codegen import generate
+    from checkmate.tf2.timing import interleaved_times
+
+    from checkmate.errors import InfeasibleBudgetError
+
+    model, loss, xs, ys, (x, y) = build(name)
+    try:
+        step = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget=budget, cost_model="flops",
+                          time_limit_s=time_limit_s)
+    except InfeasibleBudgetError as exc:      # a budget below the model's minimum is a row, not a crash
+        print(f"{name} {budget}: {exc}", flush=True)
+        return {"model": name, "budget": budget, "status": str(exc).split(";")[0]}
+    fresh = generate(step.lowered, step.schedule)
+    flat = fresh.flat_args(x, y)
+    plain = wall_clock.tape_step(model, loss)
+    graphs = _compat.executed_graph_defs(lambda: fresh.call_flat(*flat))
+    executed = [nd.name for g in graphs for nd in g.node]
+    plain_ops = executed_structure(lambda: plain(x, y))["ops"]
+    row = {"model": name, "budget": budget, "strategy": step.strategy,
+           "recomputations": int(step.schedule.recompute.sum()) - step.graph.n,
+           "predicted": step.predicted.overhead, "order": fresh.rewritten.describe_order(),
+           "ops": (plain_ops, len(executed)),
+           "gates_emitted": gate_names(nd.name for nd in fresh.rewritten.graph_def.node),
+           "gates_executed": gate_names(executed)}
+    row["load_before"] = os.getloadavg()
+    wall, cpu = interleaved_times([step.function.call_flat, lambda *a: plain(*a)], *flat, repeats=repeats)
+    row["load_after"] = os.getloadavg()
+    row["wall_ratio"], row["cpu_ratio"] = wall[0] / wall[1], cpu[0] / cpu[1]
+    row["plain_ms"] = wall[1] * 1e3
+    if trace_runs > 0:
+        known = {nd.op for g in graphs for nd in g.node}
+        times, gates = op_type_times({_GEN: step.function.call_flat}, flat, trace_runs, known)
+        row["trace_ms"] = sum(times[_GEN].values()) * 1e-3
+        row["gates_ms"] = gates[_GEN] * 1e-3
+    print(f"{name} {budget}: {row}", flush=True)
+    return row
+
+
+def render_plans(rows: list[dict]) -> list[str]:
+    lines = ["", "Recomputing plans (strategy `auto`, FLOPs costs): the ops the generated step runs for the plan's "
+             "order beyond the recomputations, its gates (a private variable read or constant, or an EnsureShape "
+             "that carries an anchor so that the op itself stays fusable, or that an anchor waits for instead of a "
+             "computation's last op), emitted and executed (after Grappler), and their summed op time per run "
+             "against all ops' time per run in the profiler trace. Executed ops are counted over the graphs TF "
+             "reports for a call, as above.", "",
+             "| model | budget | recomputations | predicted | order | executed ops plain / generated "
+             "| gates emitted / executed | gates' op time / all ops' time (ms per run) | generated wall / CPU "
+             "| plain ms wall | load average before / after |", "|" + "---|" * 11]
+    for row in rows:
+        if "status" in row:
+            lines.append(f"| {row['model']} | {row['budget']} | {row['status']} |" + " |" * 8)
+            continue
+        trace = (f"{row['gates_ms']:.3f} / {row['trace_ms']:.1f}" if "trace_ms" in row else "-")
+        lines.append(f"| {row['model']} | {row['budget']} | {row['recomputations']} | {row['predicted']:.3f}x | "
+                     f"{row['order']} | {row['ops'][0]} / {row['ops'][1]} | {row['gates_emitted']} / "
+                     f"{row['gates_executed']} | {trace} | {row['wall_ratio']:.3f}x / {row['cpu_ratio']:.3f}x | "
+                     f"{row['plain_ms']:.1f} | " + " ".join(f"{v:.1f}" for v in row["load_before"]) + " / "
+                     + " ".join(f"{v:.1f}" for v in row["load_after"]) + " |")
+    return lines
 
 
 def _ratio(row: dict, key: str, name: str) -> str:
@@ -191,13 +279,14 @@ def _gaps(items) -> str:
     return ", ".join(f"{t} {us / 1e3:+.2f}" for t, us in items) or "-"
 
 
-def render(rows: list[dict], meta: dict, previous: bool) -> str:
+def render(rows: list[dict], meta: dict, previous: bool, plans: list[dict] = ()) -> str:
     lines = ["# A generated step that recomputes nothing, against the plain step", "",
              f"Command: `{meta['command']}`  ",
              f"Device: {meta['device']}; started {meta['started']} UTC, {meta['seconds']:.0f} s.", "",
              "The plain step is a `tf.GradientTape` step in a `tf.function` (Grappler on); the control is a second "
              "instance of it. Ratios are to the plain step: medians of the interleaved rounds, wall and process CPU "
-             "time. Executed: the graphs TF ran after Grappler (ops, data edges, control edges), plain / generated.",
+             "time. Executed: the graphs TF ran after Grappler (ops, data edges, control edges), plain / generated, "
+             "counted over the graphs TF reports for a call (two for each step here).",
              ""]
     head = ["model", "nodes", "variables", "executed ops", "data edges", "control edges", "op types that differ",
             "ops added before optimization", "generated wall / CPU", "control wall / CPU"]
@@ -231,6 +320,8 @@ def render(rows: list[dict], meta: dict, previous: bool) -> str:
             t = row["trace_ms"]
             lines.append(f"| {row['model']} | {t[_PLAIN]:.2f} / {t[_GEN]:.2f} / {t[_CONTROL]:.2f} | "
                          f"{_gaps(row['trace_gap'])} | {_gaps(row['trace_control_gap'])} |")
+    if plans:
+        lines += render_plans(plans)
     return "\n".join(lines) + "\n"
 
 
@@ -241,6 +332,9 @@ def main(argv=None) -> int:
     p.add_argument("--trace-runs", type=int, default=5, help="profiled runs of each step (0: no trace)")
     p.add_argument("--previous-codegen", type=Path, default=None, metavar="FILE",
                    help="also time the step generated by this version of checkmate/tf2/codegen.py")
+    p.add_argument("--plan-budgets", default="", metavar="B,...",
+                   help="also a recomputing plan of each model at these budgets (e.g. 50%%): its gates and their cost")
+    p.add_argument("--time-limit", type=float, default=20.0, metavar="S", help="solver limit of a recomputing plan")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--label", default="lean_step", help="file stem of the results")
     args = p.parse_args(argv)
@@ -254,9 +348,11 @@ def main(argv=None) -> int:
     if unknown:
         p.error(f"unknown model(s) {', '.join(unknown)}: expected some of {', '.join(MODELS)}")
     rows = [run(name, args.repeats, args.trace_runs, previous) for name in names]
+    plans = [run_plan(name, budget, args.repeats, args.trace_runs, args.time_limit)
+             for name in names for budget in args.plan_budgets.split(",") if budget]
     argv = sys.argv[1:] if argv is None else list(argv)
     path = write_run_report(args.out, args.label, "lean_step.py", argv, started,
-                            lambda meta: render(rows, meta, previous is not None))
+                            lambda meta: render(rows, meta, previous is not None, plans))
     print(f"wrote {path}")
     return 0
 
