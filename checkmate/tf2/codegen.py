@@ -38,8 +38,8 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   at all (``order="none"``): it is then the plain step's graph, and runs as the plain step does.
 
 The rewritten GraphDef is imported with ``tf.graph_util.import_graph_def`` inside a new
-``tf.function``; captured variables are fed as ``tf.identity`` of their handles. The generated
-function runs with Grappler on, as the plain step does (its fusions, layout and constant folding
+``tf.function``; the captured variables' handles are fed as captures of the new function (no op on
+them). The generated function runs with Grappler on, as the plain step does (its fusions, layout and constant folding
 keep the plan: a fused op takes one copy's ops together), except for the passes that break a plan,
 which are switched off only while it runs and restored afterwards
 (:data:`checkmate.tf2._compat.PLAN_BREAKING_PASSES`, :func:`checkmate.tf2._compat.grappler_disabled`).
@@ -736,6 +736,17 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     )
 
 
+def _captured(graph: Any, tensor: Any) -> Any:
+    """``tensor`` as a tensor of ``graph``: itself when it belongs to it, else its capture (a
+    placeholder of the function being built, fed the outer value when the function is called)."""
+    if getattr(tensor, "graph", None) is graph:
+        return tensor
+    if not hasattr(graph, "capture"):
+        # not a function graph (a tf.compat.v1 graph): an identity is the only way in
+        return tf.identity(tensor)
+    return graph.capture(tensor)
+
+
 class RematFunction:
     """The generated step: ``fn(x, y) -> (loss, [grads])`` executing one schedule's plan.
 
@@ -759,11 +770,15 @@ class RematFunction:
         self._distributed_function = None
 
     def _capture_feeds(self) -> list:
-        """The tensors fed for the captured variables, in the current graph: a fresh identity per
-        capture (import_graph_def needs a tensor of this graph). Under a strategy, a distributed
-        variable's handle is read in the current replica context, so each replica reads its own copy."""
+        """The tensors fed for the captured variables: each handle captured into the graph being built
+        (import_graph_def needs a tensor of that graph), the capture's placeholder itself and no op
+        on it, so that the generated function holds no op the plain step does not (an identity per
+        variable ran in every step wherever Grappler did not remove it). Under a strategy, a
+        distributed variable's handle is read in the current replica context, so each replica reads
+        its own copy."""
+        graph = tf.compat.v1.get_default_graph()
         variables = self.lowered.capture_variables or (None,) * len(self._captures)
-        return [tf.identity(external if variable is None else variable.handle)
+        return [_captured(graph, external if variable is None else variable.handle)
                 for external, variable in zip(self._captures, variables)]
 
     def _import(self, flat: Sequence[Any], scope: str = IMPORT_SCOPE, graph_def: Any = None,

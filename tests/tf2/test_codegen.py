@@ -351,10 +351,12 @@ def _split(text):
     return text.partition(":")[0]
 
 
-@pytest.mark.parametrize("name", ["mlp", "residual_cnn"])
+@pytest.mark.parametrize("name", ["mlp", "residual_cnn", "unet"])
 def test_checkpoint_all_step_runs_the_plain_steps_graph(name):
     """With nothing recomputed, what TF executes for the generated step is what it executes for the
-    plain step: the same ops, wired alike, no added identity, control edge or measuring hook."""
+    plain step: the same ops, wired alike, no added identity, control edge or measuring hook. It also
+    fails when a Grappler pass is switched off for the generated step (with ``remapping`` in
+    PLAN_BREAKING_PASSES it fails on all three models)."""
     model, loss, xs, ys = MODELS[name]()
     lowered = lower(model, loss, xs, ys, level="layer")
     fn = generate(lowered, checkpoint_all_schedule(lowered.graph))
@@ -366,6 +368,28 @@ def test_checkpoint_all_step_runs_the_plain_steps_graph(name):
     assert generated_graphs == plain_graphs > 0
     assert sum(plain_step.values()) > 20
     assert generated == plain_step, (generated - plain_step, plain_step - generated)
+
+
+def test_generated_function_adds_no_op_per_variable():
+    """Before any optimization, the generated function holds the plain step's ops and only what a
+    function needs around them: its arguments, one identity per output and the control output's
+    NoOp. The variables' handles are fed as the function's captures, with no identity per variable
+    (with one, the residual CNN's function held 41 more ops, one per captured variable)."""
+    model, loss, xs, ys = residual_cnn_model()
+    lowered = lower(model, loss, xs, ys, level="layer")
+    fn = generate(lowered, checkpoint_all_schedule(lowered.graph))
+    generated = collections.Counter(op.type for op in fn.concrete_function.graph.get_operations())
+    plain = collections.Counter(op.type for op in lowered.function.graph.get_operations())
+    captures = len(lowered.function.graph.captures)
+    assert captures > 20
+    assert plain - generated == collections.Counter()
+    assert generated - plain == collections.Counter(
+        {"Placeholder": len(fn.rewritten.feed_names), "Identity": len(fn.rewritten.output_names), "NoOp": 1})
+    graph = fn.concrete_function.graph
+    internal = {t.op.name for t in graph.internal_captures}
+    assert len(internal) == captures
+    assert not [op.name for op in graph.get_operations()
+                if op.type == "Identity" and op.inputs and op.inputs[0].op.name in internal]
 
 
 def anchors_of(by_name, ops):
