@@ -400,8 +400,14 @@ class StepTrainer(keras.Model):
         self._steps = {}
         self._main_batch = None
         self._timing_batch = None
-        result = super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
-                                 **kwargs)
+        # Keras creates the loss tracker and the metrics here, and under a tf.distribute strategy they
+        # must be that strategy's (one share per replica, summed when read): fit() compiles a model
+        # built in the strategy's scope outside it when it adopts the wrapped model's compile(), and
+        # plain variables there were updated by every replica in turn, so each batch's logs mixed
+        # one replica's rows with the whole batch's.
+        with self.distribute_strategy.scope():
+            result = super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
+                                     **kwargs)
         # empty metric lists (KerasHub's examples pass weighted_metrics=[]) report nothing in Keras' fit
         _compat.drop_empty_compiled_metrics(self)
         return result
