@@ -173,6 +173,19 @@ def has_compiled_metrics(model: object) -> bool:
                                         getattr(metrics, "_user_weighted_metrics", None))
 
 
+def compiled_metric_lists(model: object) -> tuple:
+    """The metrics and weighted metrics that ``fit`` computes for a compiled model, as
+    ``(metrics, weighted_metrics)`` (Keras 3.15: ``Trainer._compile_metrics``' ``_user_metrics`` and
+    ``_user_weighted_metrics``; ``(None, None)`` without one). These can differ from what the latest
+    ``compile`` call was given: ``compile`` without metrics keeps the ``CompileMetrics`` of an earlier
+    call, so a KerasHub task compiled again without ``weighted_metrics`` still reports the ones its
+    constructor's ``compile`` gave it."""
+    metrics = getattr(model, "_compile_metrics", None)
+    if metrics is None:
+        return None, None
+    return getattr(metrics, "_user_metrics", None), getattr(metrics, "_user_weighted_metrics", None)
+
+
 def drop_empty_compiled_metrics(model: object) -> None:
     """Remove the empty ``CompileMetrics`` that ``compile(metrics=[])`` or ``weighted_metrics=[]``
     leaves (Keras 3.15: ``Trainer._compile_metrics``). Keras' own train step builds it on its first

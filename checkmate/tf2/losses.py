@@ -54,6 +54,11 @@ def compile_arguments_of(model: Any) -> dict | None:
         return None
     config = _compat.keras_compile_arguments(model)
     arguments = {key: config.get(key) for key in _ADOPTED if config.get(key) is not None}
+    # the metrics Keras' fit of the model computes, which outlive a later compile() without any
+    metrics, weighted_metrics = _compat.compiled_metric_lists(model)
+    for key, value in (("metrics", metrics), ("weighted_metrics", weighted_metrics)):
+        if value:
+            arguments[key] = value
     arguments["loss"] = getattr(model, "loss", None) or config.get("loss")
     arguments["optimizer"] = model.optimizer
     return arguments

@@ -43,6 +43,8 @@ BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
 STEP_TIME_REPORT_REPEATS = 7
 # The Keras registered name of RematModel, the form a saved wrapper of a compiled step loads back as.
 MODEL_FORM_NAME = "checkmate>RematModel"
+# get_compile_config's mark that the optimizer was the wrapped model's own
+_SHARED_OPTIMIZER_KEY = "checkmate_optimizer_of_model"
 
 
 def check_budget_form(budget: Any) -> None:
@@ -398,15 +400,40 @@ class StepTrainer(keras.Model):
         self._steps = {}
         self._main_batch = None
         self._timing_batch = None
-        result = super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
-                                 **kwargs)
+        # Keras creates the loss tracker and the metrics here, and under a tf.distribute strategy they
+        # must be that strategy's (one share per replica, summed when read): fit() compiles a model
+        # built in the strategy's scope outside it when it adopts the wrapped model's compile(), and
+        # plain variables there were updated by every replica in turn, so each batch's logs mixed
+        # one replica's rows with the whole batch's.
+        with self.distribute_strategy.scope():
+            result = super().compile(optimizer=optimizer if optimizer is not None else "rmsprop", loss=loss,
+                                     **kwargs)
         # empty metric lists (KerasHub's examples pass weighted_metrics=[]) report nothing in Keras' fit
         _compat.drop_empty_compiled_metrics(self)
         return result
 
+    def get_compile_config(self) -> dict:
+        config = super().get_compile_config()
+        if config and getattr(self, "optimizer", None) is not None and \
+                self.optimizer is getattr(self.inner, "optimizer", None):
+            # The optimizer is the wrapped model's own (adopted from its compile(), or passed again):
+            # Keras saves a shared object's state once, at its first path, the wrapped model's
+            # (".../inner/optimizer"), and nothing at this model's. Loading must share it again so
+            # that the state comes back (see compile_from_config).
+            config = {**config, _SHARED_OPTIMIZER_KEY: True}
+        return config
+
     def compile_from_config(self, config: dict) -> None:
         # Keras calls this (not compile()) when it loads a model whose compile() is its own
-        self.compile(**keras.saving.deserialize_keras_object(config))
+        config = dict(config)
+        shared = bool(config.pop(_SHARED_OPTIMIZER_KEY, False))
+        arguments = keras.saving.deserialize_keras_object(config)
+        self.compile(**arguments)
+        if shared:
+            # the saved optimizer state lies at the wrapped model's path, which Keras loads into the
+            # wrapped model's optimizer: make that this one (a KerasHub task, whose compile() Keras
+            # does not call on load, would otherwise keep its constructor's default optimizer)
+            self.inner.optimizer = self.optimizer
         if self.built and getattr(self, "optimizer", None) is not None and not self.optimizer.built:
             # Keras then restores the saved optimizer state into these variables (the slots of the
             # wrapped model's weights), as it does for a model of its own; unbuilt, it skips them.

@@ -30,6 +30,15 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 OPTIONS = dict(budget="100%", strategy="chen_sqrtn")
 
 
+class BatchLogs(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.logs = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.logs.append({key: float(value) for key, value in logs.items()})
+
+
 def two_cpus():
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
@@ -116,6 +125,30 @@ def test_the_compiled_step_trains_each_replica_and_applies_summed_gradients(requ
         np.testing.assert_array_equal(first.numpy(), second.numpy())
 
 
+def test_a_remat_model_that_adopts_the_models_compile_reports_each_batch_as_keras(request):
+    # RematModel(model) of a model compiled in the strategy's scope, trained without compiling it:
+    # fit() compiles it outside the scope, and its loss and metrics must still be the strategy's
+    if ran_in_fresh_process(request):
+        return
+    strategy = two_cpus()
+    remainder = 5
+    x, y = data(STEPS * GLOBAL + remainder)
+    with strategy.scope():
+        model, other = residual_mlp(), residual_mlp()
+        for m in (model, other):
+            m.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"], jit_compile=False)
+        trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    want_batches, got_batches = BatchLogs(), BatchLogs()
+    with _compat.grappler_disabled():
+        want = model.fit(x, y, batch_size=GLOBAL, shuffle=False, verbose=0, callbacks=[want_batches]).history
+    got = trainer.fit(x, y, batch_size=GLOBAL, shuffle=False, verbose=0, callbacks=[got_batches]).history
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    for key in ("loss", "accuracy"):
+        np.testing.assert_allclose([logs[key] for logs in got_batches.logs],
+                                   [logs[key] for logs in want_batches.logs], rtol=1e-5, err_msg=key)
+    assert_same_weights(model, other)
+
+
 def test_remat_model_fit_matches_keras_fit_under_the_same_strategy(request):
     if ran_in_fresh_process(request):
         return
@@ -130,12 +163,20 @@ def test_remat_model_fit_matches_keras_fit_under_the_same_strategy(request):
         # a schedule per replica batch size instead of padding the remainder's shares
         compiling = checkmate.tf2.RematModel(third, partial_batches="compile", **OPTIONS)
         compiling.compile(keras.optimizers.SGD(0.1, momentum=0.9), LOSS, metrics=["accuracy"])
+    want_batches = BatchLogs()
     with _compat.grappler_disabled():
-        want = model.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
+        want = model.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0,
+                         callbacks=[want_batches]).history
     for trained, remat in ((other, trainer), (third, compiling)):
-        got = remat.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0).history
+        got_batches = BatchLogs()
+        got = remat.fit(x, y, batch_size=GLOBAL, epochs=2, shuffle=False, verbose=0, callbacks=[got_batches]).history
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
         np.testing.assert_allclose(got["accuracy"], want["accuracy"])
+        # each batch's logs too (what a progress bar or a per-batch callback shows): the whole global
+        # batch's running means, not a mix of one replica's share and the batch's
+        for key in ("loss", "accuracy"):
+            np.testing.assert_allclose([logs[key] for logs in got_batches.logs],
+                                       [logs[key] for logs in want_batches.logs], rtol=1e-5, err_msg=key)
         assert_same_weights(model, trained)
     step = trainer.compiled_step()
     assert step.replicas == REPLICAS and set(trainer.compiled_steps) == {PER_REPLICA}

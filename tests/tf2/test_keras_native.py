@@ -110,6 +110,36 @@ def test_save_load_weights_and_export(tmp_path):
     assert os.path.isdir(tmp_path / "exported")
 
 
+@pytest.mark.parametrize("adopted", [True, False])
+def test_save_load_with_the_models_own_optimizer_keeps_its_state(tmp_path, adopted):
+    # RematModel(model) of a compiled model trains with the model's own optimizer (adopted from its
+    # compile(), or passed to compile() again): one object, saved once at the model's path. Loaded,
+    # training resumes from the saved state (Adam's moments and step count), as plain Keras' does.
+    x, y = data(3 * BATCH)
+    model, other = convnext(), convnext()
+    for m in (model, other):
+        m.compile(keras.optimizers.Adam(1e-2), LOSS, jit_compile=False)
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    if not adopted:
+        trainer.compile(other.optimizer, LOSS)
+    with _compat.grappler_disabled():
+        model.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)
+    trainer.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False)
+    assert trainer.optimizer is other.optimizer
+    model.save(str(tmp_path / "plain.keras"))
+    trainer.save(str(tmp_path / "remat.keras"))
+    plain = keras.saving.load_model(str(tmp_path / "plain.keras"))
+    loaded = keras.saving.load_model(str(tmp_path / "remat.keras"))
+    assert int(loaded.optimizer.iterations) == int(plain.optimizer.iterations) == 3
+    for a, b in zip(plain.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-5, atol=1e-7, err_msg=a.path)
+    with _compat.grappler_disabled():
+        want = plain.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False).history
+    got = loaded.fit(x, y, batch_size=BATCH, verbose=0, shuffle=False).history
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    assert_same_weights(plain, loaded, rtol=1e-5, atol=1e-6)
+
+
 def test_partial_last_batch_sample_and_class_weights_as_keras():
     x, y = data(3 * BATCH + 3)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)       # last batch: 3 rows

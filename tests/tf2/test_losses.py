@@ -172,6 +172,26 @@ def test_a_compiled_model_lends_its_compile_arguments():
     np.testing.assert_allclose(got["sparse_categorical_accuracy"], want["sparse_categorical_accuracy"])
 
 
+def test_metrics_kept_from_an_earlier_compile_are_reported_as_keras_does():
+    # compile() without metrics keeps the metrics of an earlier compile() (a KerasHub task compiles
+    # itself with weighted metrics on construction, and users compile it again for their optimizer):
+    # Keras' fit still reports them, and so must a RematModel that adopts the model's compile()
+    x, y = token_data()
+    model, other = token_model(), token_model()
+    other.set_weights(model.get_weights())
+    for m in (model, other):
+        m.compile(keras.optimizers.SGD(0.5), LOSS, weighted_metrics=["sparse_categorical_accuracy"],
+                  jit_compile=False)
+        m.compile(keras.optimizers.SGD(0.5), LOSS, jit_compile=False)
+    with _compat.grappler_disabled():
+        want = model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    assert "sparse_categorical_accuracy" in want
+    got = checkmate.tf2.RematModel(other, **OPTIONS).fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
+    assert set(got) == set(want)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-5)
+    np.testing.assert_allclose(got["sparse_categorical_accuracy"], want["sparse_categorical_accuracy"])
+
+
 def test_empty_metric_lists_train_as_keras():
     """``compile(metrics=[], weighted_metrics=[])`` (as KerasHub's examples write it) reports the loss
     alone, as Keras' fit does; the empty compiled metrics, which Keras builds in its own train step,
