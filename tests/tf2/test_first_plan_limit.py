@@ -87,3 +87,49 @@ def test_compile_takes_a_limit_that_depends_on_the_graph(monkeypatch):
                           time_limit_s=lambda n: calls.append(n) or 3.0 + n)
     assert len(calls) == 1 and calls[0] > 0
     assert seen[0] == 3.0 + calls[0]
+
+
+def _first_solve_times_out(monkeypatch):
+    """``solve_or_reuse`` that raises TimeLimitError on its first call and solves on the others,
+    recording each call's time limit."""
+    from checkmate.errors import TimeLimitError
+
+    seen = []
+    real = step_module.solve_or_reuse
+
+    def first_times_out(graph, budget_bytes, **kwargs):
+        seen.append(kwargs.get("time_limit_s"))
+        if len(seen) == 1:
+            raise TimeLimitError("auto: no strategy found a schedule within the time limit")
+        return real(graph, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(step_module, "solve_or_reuse", first_times_out)
+    return seen
+
+
+def _compile_mlp(**kwargs):
+    return checkmate.tf2.compile(_mlp(), keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                 keras.optimizers.SGD(0.01), tf.TensorSpec((8, 12)),
+                                 tf.TensorSpec((8,), tf.int32), budget="100%", strategy="checkpoint_all",
+                                 cost_model="flops", **kwargs)
+
+
+def test_a_default_limit_that_finds_no_schedule_is_raised_once_instead_of_refusing(monkeypatch):
+    seen = _first_solve_times_out(monkeypatch)
+    step = _compile_mlp(time_limit_s=lambda n: 4.0)        # a limit by the graph's size: RematModel's default
+    assert step.predicted.peak_memory_bytes > 0
+    assert seen == [4.0, step_module.DEFAULT_LIMIT_RETRY_FACTOR * 4.0]
+
+    seen = _first_solve_times_out(monkeypatch)
+    _compile_mlp()                                          # no limit: compile's own default
+    assert seen == [step_module.COMPILE_TIME_LIMIT_S,
+                    step_module.DEFAULT_LIMIT_RETRY_FACTOR * step_module.COMPILE_TIME_LIMIT_S]
+
+
+def test_a_limit_the_caller_gave_is_kept_when_it_finds_no_schedule(monkeypatch):
+    from checkmate.errors import TimeLimitError
+
+    seen = _first_solve_times_out(monkeypatch)
+    with pytest.raises(TimeLimitError):
+        _compile_mlp(time_limit_s=4.0)
+    assert seen == [4.0]
