@@ -37,8 +37,8 @@ class LoweredGraph:
         ``"op"``, ``"layer"`` or ``"mixed"`` (``level="auto"`` looked inside nested models or composite
         layers: layer nodes and op nodes; ``metadata["split_layers"]`` says what was split and why).
     function:
-        The plain traced training step, a ``ConcreteFunction`` ``(x, y) -> (loss, *grads)`` with the
-        gradients in ``model.trainable_variables`` order. Its ``.graph.as_graph_def()`` is what code
+        The plain traced training step, a ``ConcreteFunction`` ``(x, y) -> (loss, *grads, *indices)``
+        with the gradients in ``model.trainable_variables`` order (``indices``: see ``grad_indices``). Its ``.graph.as_graph_def()`` is what code
         generation rewrites.
     node_ops:
         For each graph node, the names of the TF ops (in ``function.graph``) it stands for, in a
