@@ -146,6 +146,12 @@ def test_the_plan_counts_the_sliced_gradients_not_the_dense_table():
     dense = sum(int(np.prod(v.shape)) * 4 for v in model.trainable_variables)
     sliced = dense - VOCAB * DIM * 4 + rows * DIM * 4 + rows * 4
     assert lowered.metadata["grad_bytes"] == sliced
+    # the ids are a step output: the node computing them is resident to the end of the step, at op
+    # level and in the layer graph's gradient nodes
+    for lowered in (lowered, checkmate.tf2.lower(model, LOSS, *specs, level="layer", gradient_nodes=True)):
+        (indices,) = lowered.indices_tensors
+        node = lowered.op_node[indices.rsplit(":", 1)[0]]
+        assert lowered.graph.nodes[node].output, lowered.level
 
 
 def test_mixed_float16_sliced_gradients_are_unscaled_as_keras_does():
