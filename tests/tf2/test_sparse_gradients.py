@@ -28,7 +28,8 @@ EPOCHS = 3
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 # Chen et al.'s sqrt(n) checkpoints: a plan that recomputes segments, so the outputs cross a rewrite.
 OPTIONS = dict(budget="100%", strategy="chen_sqrtn")
-OPTIMIZERS = {"adam": lambda: keras.optimizers.Adam(1e-2), "rmsprop": lambda: keras.optimizers.RMSprop(1e-2)}
+OPTIMIZERS = {"adam": lambda: keras.optimizers.Adam(1e-2), "rmsprop": lambda: keras.optimizers.RMSprop(1e-2),
+              "adagrad": lambda: keras.optimizers.Adagrad(0.1)}
 
 
 def embedding_model(seed: int = 0) -> keras.Model:
