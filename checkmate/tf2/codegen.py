@@ -705,7 +705,7 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         j = op_node.get(op)
         return f"{op if j is None else copy_name(op, current[j])}:{idx}"
 
-    returned = (lowered.loss_tensor, *lowered.grad_tensors, *lowered.pred_tensors)
+    returned = (lowered.loss_tensor, *lowered.grad_tensors, *lowered.indices_tensors, *lowered.pred_tensors)
     outputs = tuple(final(t) for t in returned)
     for t, name in zip(returned, outputs):
         j = op_node.get(_tensor_op(t)[0])
@@ -823,16 +823,38 @@ class RematFunction:
                                        "tf.function")
         lowered = self.lowered
         return self._import(flat, f"{IMPORT_SCOPE}_plain", lowered.function.graph.as_graph_def(),
-                            (lowered.loss_tensor, *lowered.grad_tensors, *lowered.pred_tensors))
+                            (lowered.loss_tensor, *lowered.grad_tensors, *lowered.indices_tensors,
+                             *lowered.pred_tensors))
 
     def split(self, out: Any) -> tuple[Any, list, Any]:
-        """``(loss, grads, preds)`` of the step's flat outputs; ``preds`` in the model's output structure
-        (``None`` for a step without predictions)."""
-        count = len(self.lowered.grad_tensors)
-        preds = list(out[1 + count:])
-        structure = self.lowered.pred_structure
-        return out[0], list(out[1:1 + count]), (tf.nest.pack_sequence_as(structure, preds)
-                                                if structure is not None else None)
+        """``(loss, grads, preds)`` of the step's flat outputs (``(loss, *grads, *indices, *preds)``);
+        ``preds`` in the model's output structure (``None`` for a step without predictions).
+
+        A gradient the tape gave as ``tf.IndexedSlices`` is one again, its dense shape its variable's:
+        what an optimizer applies, as Keras' ``fit`` hands it over (:meth:`dense` sums it)."""
+        lowered = self.lowered
+        count = len(lowered.grad_tensors)
+        sliced = len(lowered.indices_tensors)
+        grads = list(out[1:1 + count])
+        indices = iter(out[1 + count:1 + count + sliced])
+        for k, name in enumerate(lowered.grad_indices):
+            if name is not None:
+                shape = [int(d) for d in lowered.variables[k].shape]
+                grads[k] = tf.IndexedSlices(grads[k], next(indices), dense_shape=tf.constant(shape, tf.int64))
+        preds = list(out[1 + count + sliced:])
+        structure = lowered.pred_structure
+        return out[0], grads, (tf.nest.pack_sequence_as(structure, preds) if structure is not None else None)
+
+    @staticmethod
+    def dense(grads: Sequence[Any]) -> list:
+        """``grads`` with each ``tf.IndexedSlices`` summed into its dense tensor (the gradient's value)."""
+        return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+
+    def dense_replica_call(self, *flat) -> tuple:
+        """``(loss, *dense grads)`` of :meth:`replica_call`: one replica's gradients, summable over the
+        replicas."""
+        loss, grads, _ = self.split(self.replica_call(*flat))
+        return (loss, *self.dense(grads))
 
     # ------------------------------------------------------------------------------- calling
     @property
@@ -894,11 +916,11 @@ class RematFunction:
         if self._distributed_function is None:
             distribution = self.distribution
 
-            count = 1 + len(self.lowered.grad_tensors)     # the loss and the gradients, not predictions
-
             def run(*flat):
-                out = distribution.run(self.replica_call, args=flat)
-                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out[:count])
+                # the loss and the dense gradients, not predictions: a replica's sliced gradient is
+                # summed into its dense one first (the replicas' indices differ)
+                out = distribution.run(self.dense_replica_call, args=flat)
+                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out)
 
             self._distributed_function = tf.function(run, autograph=False)
         return self._distributed_function
@@ -929,8 +951,11 @@ class RematFunction:
         return fn(*flat)
 
     def __call__(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        loss, grads, _ = self.split(self.call_flat(*self.flat_args(x, y)))
-        return loss, grads
+        out = self.call_flat(*self.flat_args(x, y))
+        if self.distribution is not None:
+            return out[0], list(out[1:])      # (loss, *dense grads) summed over the replicas
+        loss, grads, _ = self.split(out)
+        return loss, self.dense(grads)
 
     # ------------------------------------------------------------------------------- reports
     @property

@@ -37,8 +37,8 @@ class LoweredGraph:
         ``"op"``, ``"layer"`` or ``"mixed"`` (``level="auto"`` looked inside nested models or composite
         layers: layer nodes and op nodes; ``metadata["split_layers"]`` says what was split and why).
     function:
-        The plain traced training step, a ``ConcreteFunction`` ``(x, y) -> (loss, *grads)`` with the
-        gradients in ``model.trainable_variables`` order. Its ``.graph.as_graph_def()`` is what code
+        The plain traced training step, a ``ConcreteFunction`` ``(x, y) -> (loss, *grads, *indices)``
+        with the gradients in ``model.trainable_variables`` order (``indices``: see ``grad_indices``). Its ``.graph.as_graph_def()`` is what code
         generation rewrites.
     node_ops:
         For each graph node, the names of the TF ops (in ``function.graph``) it stands for, in a
@@ -52,7 +52,11 @@ class LoweredGraph:
         Names of the placeholder ops fed with the batch's features and labels.
     loss_tensor / grad_tensors:
         Tensor names (``"op:idx"``) of the loss and of each gradient, in ``model.trainable_variables``
-        order.
+        order. A gradient the tape gives as ``tf.IndexedSlices`` (an untied embedding's) is named by
+        its values tensor, one row per occurrence of an index.
+    grad_indices:
+        Aligned with ``grad_tensors``: a sliced gradient's indices tensor, ``None`` for a dense one
+        (empty when every gradient is dense). The step returns the indices after the gradients.
     variables:
         The model's trainable variables, in the order of ``grad_tensors``.
     metadata:
@@ -78,6 +82,12 @@ class LoweredGraph:
     loss_tensor: str
     grad_tensors: tuple[str, ...]
     variables: tuple[Any, ...] = ()
+    grad_indices: tuple[str | None, ...] = ()
+
+    @property
+    def indices_tensors(self) -> tuple[str, ...]:
+        """The sliced gradients' indices tensor names in the order the step returns them."""
+        return tuple(t for t in self.grad_indices if t is not None)
 
     @property
     def pred_tensors(self) -> tuple[str, ...]:

@@ -226,7 +226,8 @@ class CompiledStep:
 
         Under a strategy ``(x, y)`` is the global batch (``replicas`` times the compiled rows): each
         replica runs the plan on its slice, and the loss and gradients are the sums of the replicas'
-        (each replica's loss being its share, as Keras scales it), i.e. what the optimizer applies."""
+        (each replica's loss being its share, as Keras scales it), i.e. what the optimizer applies.
+        Every gradient is dense: a sliced one (an embedding's) is summed into its variable's shape."""
         return self.function(x, y)
 
     def plain_gradients(self, x: Any, y: Any) -> tuple[tf.Tensor, list[tf.Tensor]]:
@@ -235,18 +236,22 @@ class CompiledStep:
         if self.distribution is not None:
             distribution = self.distribution
 
+            def replica(*per_replica):
+                # a replica's sliced gradient summed into its dense one before the replicas' sum
+                loss, grads, _ = self.function.split(self.function.plain_replica_call(*per_replica))
+                return (loss, *self.function.dense(grads))
+
             def run(*per_replica):
-                out = distribution.run(self.function.plain_replica_call, args=per_replica)
-                loss, grads, _ = self.function.split(out)
-                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in (loss, *grads))
+                out = distribution.run(replica, args=per_replica)
+                return tuple(distribution.reduce(tf.distribute.ReduceOp.SUM, o, axis=None) for o in out)
 
             out = tf.function(run, autograph=False)(*self.function.distribute(flat))
-        else:
-            # the traced step takes (x, y) structured (dict inputs; labels with their sample weights)
-            args, _ = self.lowered.function.structured_input_signature
-            out = self.lowered.function(*tf.nest.pack_sequence_as(args, flat))
+            return out[0], list(out[1:])
+        # the traced step takes (x, y) structured (dict inputs; labels with their sample weights)
+        args, _ = self.lowered.function.structured_input_signature
+        out = self.lowered.function(*tf.nest.pack_sequence_as(args, flat))
         loss, grads, _ = self.function.split(out)
-        return loss, grads
+        return loss, self.function.dense(grads)
 
     def _build_optimizer(self) -> None:
         if not getattr(self.optimizer, "built", True):
@@ -259,7 +264,8 @@ class CompiledStep:
     def replica_train(self, *flat) -> tuple[tf.Tensor, Any]:
         """One replica's step inside a graph (a ``tf.function``, in ``strategy.run`` under a strategy):
         runs the plan on the replica's batch and applies the gradients with the optimizer, whose
-        ``apply_gradients`` sums them over the replicas and updates once, as in Keras' ``train_step``.
+        ``apply_gradients`` sums them over the replicas and updates once, as in Keras' ``train_step``
+        (a gradient the tape gives as ``tf.IndexedSlices``, an untied embedding's, is applied as one).
         Returns the replica's loss (its share under a strategy) and the training forward pass's
         predictions (``None`` for a step compiled without them). The caller runs under
         :func:`checkmate.tf2._compat.grappler_disabled`; the optimizer is built (``fit`` builds it)."""
@@ -285,14 +291,15 @@ class CompiledStep:
                 self._train = tf.function(train, autograph=False)
                 return self._train
             remat = self.function.concrete_function
+            split = self.function.split
             variables = self.variables
             optimizer = self.optimizer
-            count = len(self.lowered.grad_tensors)
 
             def train(*flat):
-                out = remat(*flat)
-                optimizer.apply_gradients(zip(out[1:1 + count], variables))
-                return (out[0], *out[1 + count:])
+                # a sliced gradient reaches the optimizer as tf.IndexedSlices, as in Keras' fit
+                loss, grads, preds = split(remat(*flat))
+                optimizer.apply_gradients(zip(grads, variables))
+                return (loss, *(tf.nest.flatten(preds) if preds is not None else ()))
 
             self._train = tf.function(train, input_signature=self.function.input_specs, autograph=False)
         return self._train

@@ -101,15 +101,17 @@ def plain_train_function(step: "CompiledStep"):
     plain = lowered.function
     optimizer = step.optimizer
     variables = step.variables
-    count = len(lowered.grad_tensors)
+    split = step.function.split
 
     # the traced step takes (x, y) structured (dict inputs; labels with their sample weights)
     args, _ = plain.structured_input_signature
 
     def train(*flat):
         out = plain(*tf.nest.pack_sequence_as(args, flat))
-        optimizer.apply_gradients(zip(out[1:1 + count], variables))
-        return out[0]
+        # a sliced gradient (an embedding's) as tf.IndexedSlices, as the compiled step applies it
+        loss, grads, _ = split(out)
+        optimizer.apply_gradients(zip(grads, variables))
+        return loss
 
     return tf.function(train, input_signature=step.function.input_specs, autograph=False)
 

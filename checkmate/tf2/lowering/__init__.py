@@ -182,7 +182,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     fine_nodes: list[str] = []
     if level != "op" and split:   # the compact graph keeps the papers' one node per layer
         # step outputs keep their own buffers: an in-place kernel never takes them over
-        keep = frozenset({traced.loss_tensor, *traced.grad_tensors, *flat_names(traced.pred_structure)})
+        keep = frozenset({traced.loss_tensor, *traced.gradient_outputs, *flat_names(traced.pred_structure)})
         groups, split_nodes = split_large_workspaces(groups, infos, graph, workspace, order, op_graph, keep)
         if split_nodes:
             graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,

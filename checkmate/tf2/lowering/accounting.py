@@ -168,5 +168,5 @@ def gradient_bytes(traced: TracedStep, infos: Sequence[OpInfo], *, static_only: 
     zero gradient), which no node holds."""
     graph = traced.function.graph
     static = {info.op.name for info in infos if info.static}
-    tensors = [graph.get_tensor_by_name(t) for t in dict.fromkeys(traced.grad_tensors)]
+    tensors = [graph.get_tensor_by_name(t) for t in dict.fromkeys(traced.gradient_outputs)]
     return int(sum(tensor_bytes(t) or 0 for t in tensors if not static_only or t.op.name in static))

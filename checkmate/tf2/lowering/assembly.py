@@ -40,11 +40,11 @@ def build_graph(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph, 
         # Compact layer level: the parameter gradients are in fixed_mem, so a layer's backward node is
         # an output only through the loss, and its value is what it passes to other nodes.
         output_tensors = {traced.loss_tensor, *flat_names(traced.pred_structure)}
-        resident = frozenset(traced.grad_tensors)
+        resident = frozenset(traced.gradient_outputs)
     else:
         # The loss and the parameter gradients are step outputs: resident from their computation on
         # (op level: the gradient ops; layer level: the :params nodes, see grouping).
-        output_tensors = {traced.loss_tensor, *traced.grad_tensors, *flat_names(traced.pred_structure)}
+        output_tensors = {traced.loss_tensor, *traced.gradient_outputs, *flat_names(traced.pred_structure)}
         resident = frozenset()
     output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
     nodes, node_ops, workspace = [], [], []
@@ -141,6 +141,7 @@ def lowered_graph(traced: TracedStep, infos: Sequence[OpInfo], graph: Graph, nod
         label_names=traced.label_names,
         loss_tensor=traced.loss_tensor,
         grad_tensors=traced.grad_tensors,
+        grad_indices=traced.grad_indices,
         variables=traced.variables,
         metadata=metadata,
         pred_structure=traced.pred_structure,

@@ -355,7 +355,7 @@ def gradient_node_groups(groups: list[Group], infos: Sequence[OpInfo], op_graph:
                          traced: TracedStep) -> list[Group]:
     """The compact layer groups with the gradient-node splits (``:saved``, ``:params``)."""
     groups = _split_saved_for_backward(groups, infos, op_graph, traced)
-    return _split_parameter_gradients(groups, infos, op_graph, traced.grad_tensors)
+    return _split_parameter_gradients(groups, infos, op_graph, traced.gradient_outputs)
 
 
 def _split_saved_for_backward(groups: list[Group], infos: Sequence[OpInfo], op_graph: OpGraph,
@@ -371,7 +371,7 @@ def _split_saved_for_backward(groups: list[Group], infos: Sequence[OpInfo], op_g
     forward consumers read. The split is made only when the bytes ``:saved`` passes on (to the
     backward and to the rest of the layer) are fewer than the layer's own value.
     """
-    output_tensors = {traced.loss_tensor, *traced.grad_tensors}
+    output_tensors = {traced.loss_tensor, *traced.gradient_outputs}
     backward_ops = {info.index for info in infos if info.backward and not info.static}
     result: list[Group] = []
     for g in groups:

@@ -56,6 +56,16 @@ class TracedStep:
     # distributed variable it is a replica's handle of (see _capture_variables)
     distribution: Any = None
     capture_variables: tuple[Any, ...] = ()
+    # per variable, aligned with grad_tensors: the indices tensor of a gradient that the tape gives as
+    # tf.IndexedSlices (an untied embedding's), whose grad_tensors entry is then its values; None for
+    # a dense gradient. Empty: every gradient is dense.
+    grad_indices: tuple[str | None, ...] = ()
+
+    @property
+    def gradient_outputs(self) -> tuple[str, ...]:
+        """Every tensor the step returns for the gradients: each gradient (a sliced one's values), then
+        the sliced ones' indices."""
+        return (*self.grad_tensors, *(t for t in self.grad_indices if t is not None))
 
 
 def _as_specs(spec: Any, what: str) -> Any:
@@ -260,9 +270,11 @@ def _capture_variables(function: Any, distribution: Any, candidates: Any) -> tup
 
 def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None,
                predictions: bool = False, fused_batch_norm: bool = False, nested: bool = False) -> TracedStep:
-    """Trace ``(x, y) -> (loss, *grads)`` for ``model`` with fixed-shape specs, recording op ranges.
+    """Trace ``(x, y) -> (loss, *grads, *indices)`` for ``model`` with fixed-shape specs, recording op
+    ranges. A gradient the tape gives as ``tf.IndexedSlices`` is returned as its values among the
+    gradients and its indices after them (:attr:`TracedStep.grad_indices`).
 
-    ``predictions=True`` also returns the training forward pass's output (``(loss, *grads, *preds)``,
+    ``predictions=True`` also returns the training forward pass's output (``(loss, *grads, *indices, *preds)``,
     the model's output flattened), so that training metrics need no forward pass of their own.
 
     With an ``optimizer`` that scales the loss (``keras.optimizers.LossScaleOptimizer``), the gradients
@@ -313,16 +325,25 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         # gradient. Not through UnconnectedGradients.ZERO: TF 2.21 cannot build that zero for a Keras 3
         # variable, whose dtype is a string.
         grads = [tf.zeros(v.shape, tf.as_dtype(v.dtype)) if g is None else g for g, v in zip(grads, variables)]
-        # Sparse gradients (embeddings) are densified so that the step returns one tensor per variable.
-        grads = [tf.convert_to_tensor(g) for g in grads]
+        # A gradient the tape gives as tf.IndexedSlices (a gather's: one row per occurrence of an id)
+        # leaves the step as its values and indices, not as their dense sum: Keras' optimizers update
+        # their slots per row (Adam's squared gradient per occurrence, then a scatter-add), which
+        # differs from the sum's update when an id occurs twice in a batch. TF's own aggregation
+        # decides which are sliced (a variable read by a gather and a matmul gets a dense one).
+        # A sliced gradient's dense shape is its variable's (see RematFunction.split).
+        sliced = [isinstance(g, tf.IndexedSlices) for g in grads]
+        indices = [tf.convert_to_tensor(g.indices) for g, s in zip(grads, sliced) if s]
+        grads = [tf.convert_to_tensor(g.values if s else g) for g, s in zip(grads, sliced)]
         marks["loss"] = value.name
         marks["grads"] = tuple(g.name for g in grads)
+        names = iter(t.name for t in indices)
+        marks["grad_indices"] = tuple(next(names) if s else None for s in sliced) if indices else ()
         preds = []
         if predictions:
             preds = [tf.convert_to_tensor(p) for p in tf.nest.flatten(pred)]
             marks["preds"] = tf.nest.pack_sequence_as(pred, [p.name for p in preds])
         marks["terminal_start"] = _compat.current_graph_op_count()
-        return (value, *grads, *preds)
+        return (value, *grads, *indices, *preds)
 
     def trace():
         # the fused calls go in first, so that the layer-call watcher wraps them and attributes their ops
@@ -353,6 +374,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         pred_structure=marks.get("preds"),
         distribution=distribution,
         capture_variables=_capture_variables(function, distribution, candidates),
+        grad_indices=marks["grad_indices"],
     )
 
 
