@@ -99,3 +99,27 @@ def test_auto_exchanges_stop_at_the_target_gap_of_the_proven_bound(monkeypatch, 
     assert len(given) == 1
     target = given[0]["target_cost"]
     assert relative_gap(target, lower) == pytest.approx(auto_module.AUTO_TARGET_GAP)
+
+
+def test_auto_computes_the_memory_bound_once_with_the_hierarchical_plan(monkeypatch):
+    # the plan's bound and auto's are the same programme: seconds on graphs of hundreds of nodes
+    import checkmate
+    import checkmate.bounds as bounds_module
+    import checkmate.solvers.auto as auto_module
+    import checkmate.solvers.hierarchical as hierarchical_module
+    from quality_graphs import dense_blocks
+
+    graph = dense_blocks(blocks=3, layers=8)
+    assert auto_module.AUTO_HIERARCHICAL_FIRST_MIN_NODES <= graph.n <= auto_module.AUTO_MILP_MAX_NODES
+    budget = parse_budget("50%", graph)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return bounds_module.cost_lower_bound(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "cost_lower_bound", counting)
+    monkeypatch.setattr(hierarchical_module, "cost_lower_bound", counting)
+    result = checkmate.solve(graph, budget, strategy="auto", time_limit_s=20)
+    assert result.lower_bound is not None
+    assert calls == [budget]

@@ -50,8 +50,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from checkmate._deadline import deadline_scope, no_deadline
-from checkmate.bounds import cost_lower_bound
+from checkmate._deadline import deadline_scope, no_deadline, seconds_left
+from checkmate.bounds import INTEGER_BOUND_TIME_S, cost_lower_bound
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError, TimeLimitError
 from checkmate.bounds import checkpoint_all_schedule, largest_working_set_bytes
 from checkmate.simulate import simulate
@@ -163,6 +163,18 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                 memo.append(cost_lower_bound(graph, budget_bytes))
         return memo[0]
 
+    def plan_bound() -> float:
+        """:func:`memory_bound` as the hierarchical strategy computes its own bound: within its time
+        limit (a :class:`TimeLimitError` reaches it). Kept for auto only when the integer programme had
+        its whole time (one cut short is valid but weaker)."""
+        if memo:
+            return memo[0]
+        left = seconds_left()
+        found = cost_lower_bound(graph, budget_bytes)
+        if left is None or left > INTEGER_BOUND_TIME_S + 1.0:
+            memo.append(found)
+        return found
+
     def attempt(name: str, opts: "SolveOptions", until: float | None = None, **extra) -> None:
         if name == "checkmate_milp" and results and "starts" not in extra:
             # the best schedule so far (a repaired one where every baseline refuses) is an incumbent:
@@ -173,6 +185,8 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                 start_candidate = evaluate(graph, found.schedule, source)
             if start_candidate is not None:
                 extra["starts"] = [start_candidate]
+        if name == "hierarchical":
+            extra.setdefault("memory_bound", plan_bound)
         try:
             with deadline_scope(until, what=name):
                 out = STRATEGIES[name].fn(graph, budget_bytes, opts, **extra)
