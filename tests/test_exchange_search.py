@@ -123,3 +123,30 @@ def test_auto_computes_the_memory_bound_once_with_the_hierarchical_plan(monkeypa
     result = checkmate.solve(graph, budget, strategy="auto", time_limit_s=20)
     assert result.lower_bound is not None
     assert calls == [budget]
+
+
+def test_the_repair_searches_again_only_the_stages_a_drop_changes(monkeypatch):
+    # every recomputation the repair derives from the rows a drop changed is the minimal one of the
+    # whole matrix, and the repair lands where it did with the full search
+    from checkmate.schedule import minimal_recompute
+
+    graph = long_skip_unet()
+    budget = parse_budget("50%", graph)
+    real = rounding._recompute_changed_stages
+    checked = []
+
+    def checking(graph_, R, S, S2):
+        R2 = real(graph_, R, S, S2)
+        assert np.array_equal(R, minimal_recompute(graph_, S))
+        assert np.array_equal(R2, minimal_recompute(graph_, S2))
+        checked.append(int((S2 != S).any(axis=1).sum()))
+        return R2
+
+    monkeypatch.setattr(rounding, "_recompute_changed_stages", checking)
+    fast = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    assert len(checked) > 20 and 0 < max(checked) < graph.n
+    monkeypatch.setattr(rounding, "_recompute_changed_stages", lambda graph_, R, S, S2: minimal_recompute(graph_, S2))
+    full = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    assert fast is not None and full is not None
+    assert np.array_equal(fast.schedule.retain, full.schedule.retain) and fast.cost == full.cost
+    assert_valid_schedule(graph, fast.schedule, budget)

@@ -103,7 +103,7 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
                     S2[end, i] = False
                     end += 1
                 S2 = prune_unused_holds(graph, S2 | forced, changed_rows=_changed_rows(forced, S, t, end - 1))
-                R2 = minimal_recompute(graph, S2)
+                R2 = _recompute_changed_stages(graph, R, S, S2)
                 # valid by construction (the minimal R of pruned holds): the array replay of the peak
                 # suffices to rank it, and the drop kept is replayed in full below
                 peak2 = peak_memory_bytes(graph, R2, S2)
@@ -125,6 +125,22 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     if not changed:
         return first
     return evaluate(graph, Schedule.from_matrices(graph, R, S), "repair")
+
+
+def _recompute_changed_stages(graph: "Graph", R: np.ndarray, S: np.ndarray, S2: np.ndarray) -> np.ndarray:
+    """:func:`~checkmate.schedule.minimal_recompute` of ``S2``, given ``R``, the minimal recomputation
+    of ``S``: a stage's needs depend only on its own row of S and the next, so only the stages next to
+    a row that changed are searched again (a drop changes a few rows; the full search of every stage
+    was a third of the repair's time on a 446-node U-Net)."""
+    changed = np.flatnonzero((S2 != S).any(axis=1))
+    R2 = np.array(R)
+    for t in np.union1d(changed, changed[changed > 0] - 1).tolist():
+        seeds = [t]
+        if t + 1 < graph.n:
+            seeds += np.flatnonzero(S2[t + 1, : t + 1] & ~S2[t, : t + 1]).tolist()
+        R2[t] = False
+        R2[t, list(stage_needed(graph.deps, S2[t].tobytes(), 0, seeds))] = True
+    return R2
 
 
 def _changed_rows(forced: np.ndarray, S: np.ndarray, low: int, high: int) -> tuple[int, int]:
