@@ -295,7 +295,7 @@ def _knapsack_extra(graph: "Graph", droppable: np.ndarray, excess: float) -> flo
 
 
 def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list[float],
-                    windows: list[np.ndarray] | None = None) -> float:
+                    windows: list[np.ndarray] | None = None, duals: list | None = None) -> float:
     """A lower bound on the recomputation every moment forces together (0 when it cannot be computed).
 
     A value ``v`` read for the first time by nodes ``r_1 < r_2 < ... < r_k`` has the *windows*
@@ -317,7 +317,8 @@ def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list
     ``y >= 0`` (one multiplier per row, HiGHS' duals clipped at 0) and ``z = max(0, A^T y - cost)``,
     every feasible ``x`` has ``cost @ x >= (A^T y - z) @ x >= y @ excess - sum(z)``. No solver
     tolerance can make it exceed the programme's optimum. It is at least as high as the single worst
-    moment's fractional knapsack (that row alone) when the solver's duals are exact.
+    moment's fractional knapsack (that row alone) when the solver's duals are exact. ``duals``, when
+    given, receives the multipliers ``y`` (one per moment: the moments that bind the programme).
     """
     if len(droppables) < 2 or sum(len(d) for d in droppables) > COMBINED_BOUND_MAX_NONZEROS:
         return 0.0
@@ -345,6 +346,8 @@ def _combined_extra(graph: "Graph", droppables: list[np.ndarray], excesses: list
         return 0.0
     y = np.maximum(-np.asarray(res.ineqlin.marginals, dtype=np.float64), 0.0)
     z = np.maximum(A.T @ y - cost, 0.0)
+    if duals is not None:
+        duals.append(y)
     return max(float(y.sum()) - float(z.sum()), 0.0)
 
 
@@ -528,13 +531,15 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: boo
     two of their readers, checked by its dual). A third adds that a value computed again after a
     moment needs its inputs then: those no longer needed at the moment are held (their bytes count
     there) or computed again as well (:func:`_closure_extra`, for the moments of largest single
-    bound up to :data:`CLOSURE_BOUND_MAX_PAIRS` pairs; ``recompute_inputs=False`` leaves it out, for
+    bound up to :data:`CLOSURE_BOUND_MAX_PAIRS` pairs, and where that leaves moments out, once more for
+    the moments that bind the combined programme first; ``recompute_inputs=False`` leaves it out, for
     comparisons). That last programme is solved in integers as well, for up to ``integer_time_s``
     seconds (None or 0: not), since a schedule drops, holds and recomputes whole values; the branch
     and bound's dual bound when it stops counts. The result is ``sum(cost)`` plus the largest of
     these. Non-recomputable values cannot be dropped. Costs ``O(n^2 log n)`` at worst in array
     operations, two linear programmes and the integer one's time limit: on 2 loaded cores 0.1-0.6 s
-    on diffusion-style U-Nets of 326 and 446 nodes, 4 s on DenseNet121's 1580 (0.05 s and 0.2 s
+    on diffusion-style U-Nets of 326 and 446 nodes, 4 s on DenseNet121's 1580 (the second choice of
+    moments there: 2 s more at a load average of 5; 0.05 s and 0.2 s
     without the inputs), plus 1-6 s in integers on the U-Nets at 30% (DenseNet121's programme is
     beyond :data:`INTEGER_BOUND_MAX_NONZEROS`).
 
@@ -555,20 +560,37 @@ def cost_lower_bound(graph: "Graph", budget_bytes: int, *, recompute_inputs: boo
     check_deadline()
     singles = [_knapsack_extra(graph, d, e) for d, e in zip(droppables, excesses)]
     single = max(singles, default=0.0)
-    combined = _combined_extra(graph, droppables, excesses, windows)
+    duals: list[np.ndarray] = []
+    combined = _combined_extra(graph, droppables, excesses, windows, duals=duals)
     if not recompute_inputs:
         return base + max(single, combined)
-    return base + max(single, combined, _closure_extra(graph, droppables, excesses, windows,
-                                                       _worst_moments_pairs(found[3], singles),
-                                                       integer_time_s=integer_time_s))
+    pairs = found[3]
+    kept = _worst_moments_pairs(pairs, singles)
+    closure = _closure_extra(graph, droppables, excesses, windows, kept, integer_time_s=integer_time_s)
+    if duals and sum(len(k) for k in kept) < sum(len(p) for p in pairs):
+        # not every moment's inputs fit in the programme: the moments that bind the combined one
+        # first is another valid choice, and neither is always the better (DenseNet121's graph at
+        # 60%: 1.0383x against 1.0372x by single bound; at 55% 1.0535x against 1.0544x), so both are
+        # solved (the second in fractions only: a second of HiGHS there) and the larger kept
+        check_deadline()
+        by_duals = _worst_moments_pairs(pairs, singles, priority=duals[0])
+        if any(len(a) != len(b) for a, b in zip(by_duals, kept)):
+            closure = max(closure, _closure_extra(graph, droppables, excesses, windows, by_duals))
+    return base + max(single, combined, closure)
 
 
-def _worst_moments_pairs(pairs: list[np.ndarray], singles: list[float]) -> list[np.ndarray]:
+def _worst_moments_pairs(pairs: list[np.ndarray], singles: list[float],
+                         priority: np.ndarray | None = None) -> list[np.ndarray]:
     """``pairs`` kept for the moments of largest single-moment bound, at most
-    :data:`CLOSURE_BOUND_MAX_PAIRS` in all (empty for the others; ties kept in moment order)."""
+    :data:`CLOSURE_BOUND_MAX_PAIRS` in all (empty for the others; ties kept in moment order).
+    ``priority`` (one number per moment), when given, comes first: the largest first, ties by single
+    bound."""
     kept = [np.empty((0, 2), dtype=np.int64)] * len(pairs)
     total = 0
-    for m in np.argsort(-np.asarray(singles, dtype=np.float64), kind="stable").tolist():
+    order = (np.argsort(-np.asarray(singles, dtype=np.float64), kind="stable") if priority is None else
+             np.lexsort((np.arange(len(pairs)), -np.asarray(singles, dtype=np.float64),
+                         -np.asarray(priority, dtype=np.float64))))
+    for m in order.tolist():
         if total + len(pairs[m]) > CLOSURE_BOUND_MAX_PAIRS:
             continue
         kept[m] = pairs[m]

@@ -15,7 +15,9 @@ For each graph and budget (a percentage of checkpoint-all's peak), ``auto`` runs
 twice, interleaved: ``before`` with the repair and refinement passes switched off (among them the
 drops of holds from checkpoint-all on graphs of up to 500 nodes), ``after`` as it is. Each row gives
 the overhead (compute cost over one plain step), the proven lower bound auto reports (in the same
-unit) and the gap to it, the seconds taken, or the minimum budget auto names when it refuses.
+unit) and the gap to it, the seconds taken, or the minimum budget auto names when it refuses, and the
+one-minute load average when the run started (the machine is shared: it says how much of the time
+limit the run had).
 
 Writes experiments/results/solver_quality.csv and solver_quality.md.
 
@@ -27,6 +29,7 @@ Writes experiments/results/solver_quality.csv and solver_quality.md.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -50,8 +53,8 @@ CASES = {
     "unet326": (("50%", "40%", "30%"), 150.0),
     "unet446": (("50%", "40%", "30%"), 150.0),
 }
-FIELDS = ["graph", "nodes", "budget", "variant", "time_limit_s", "seconds", "overhead", "bound", "gap_to_bound",
-          "min_budget_pct", "status"]
+FIELDS = ["graph", "nodes", "budget", "variant", "time_limit_s", "load_1min", "seconds", "overhead", "bound",
+          "gap_to_bound", "min_budget_pct", "status"]
 
 
 def load(name: str):
@@ -77,7 +80,9 @@ def run(graph, budget: str, variant: str, time_limit_s: float) -> dict:
     if variant == "before":
         auto_module._repair = lambda *a, **k: None
         auto_module._refine = lambda *a, **k: None
-    row = {"graph": graph.name, "nodes": graph.n, "budget": budget, "variant": variant, "time_limit_s": time_limit_s}
+    # the machine is shared: the load when the run starts says how much of the time limit it had
+    row = {"graph": graph.name, "nodes": graph.n, "budget": budget, "variant": variant, "time_limit_s": time_limit_s,
+           "load_1min": round(os.getloadavg()[0], 1)}
     started = time.perf_counter()
     try:
         r = checkmate.solve(graph, parse_budget(budget, graph), strategy="auto", time_limit_s=time_limit_s)
@@ -172,6 +177,7 @@ def main(argv=None) -> int:
         extract(args.extract.split(","))
         return 0
     started = time.perf_counter()
+    load_at_start = list(os.getloadavg())
     rows = []
     for name in args.graphs.split(","):
         budgets, limit = CASES[name]
@@ -189,17 +195,19 @@ def main(argv=None) -> int:
     command = "python experiments/solver_quality.py" + ("" if argv is None and len(sys.argv) == 1 else
                                                          " " + " ".join(sys.argv[1:] if argv is None else argv))
     columns = [("graph", "graph"), ("nodes", "nodes"), ("budget", "budget"), ("variant", "auto"),
-               ("time_limit_s", "limit (s)"), ("seconds", "seconds"), ("overhead", "overhead"),
+               ("time_limit_s", "limit (s)"), ("load_1min", "load (1 min)"), ("seconds", "seconds"),
+               ("overhead", "overhead"),
                ("bound", "proven bound"), ("gap_to_bound", "gap to bound"), ("min_budget_pct", "minimum named (% of ckpt-all)"),
                ("status", "status")]
     if args.bounds:
-        columns[7:7] = [("memory_bound_moments", "memory bound, moments"),
+        columns[8:8] = [("memory_bound_moments", "memory bound, moments"),
                         ("memory_bound_inputs", "memory bound, + inputs"),
                         ("memory_bound_integer", "memory bound, in integers"), ("memory_bound_s", "its seconds")]
     (RESULTS / f"{args.name}.md").write_text(
         "# auto on real and long-skip graphs, before and after its repair and refinement passes\n\n"
         f"Command: `{command}`\n\n" + markdown_table(rows, columns) + "\n")
-    write_meta(RESULTS / f"{args.name}.meta.json", "solver quality", started=started)
+    write_meta(RESULTS / f"{args.name}.meta.json", "solver quality", started=started,
+               extra={"load_average_start": load_at_start, "load_average_end": list(os.getloadavg())})
     return 0
 
 

@@ -162,3 +162,30 @@ def test_the_inputs_enter_for_the_worst_moments_up_to_the_cap(monkeypatch):
     # with no pairs at all the programme is the combined one: the bound of the moments alone
     monkeypatch.setattr(bounds, "CLOSURE_BOUND_MAX_PAIRS", 0)
     assert cost_lower_bound(graph, budget) == pytest.approx(cost_lower_bound(graph, budget, recompute_inputs=False))
+
+
+@pytest.mark.parametrize("make, fraction", [(lambda: long_skip_unet(2, 2), 0.6), (lambda: dense_blocks(2, 3), 0.6)])
+def test_with_a_cap_the_moments_binding_the_combined_programme_are_tried_too(monkeypatch, make, fraction):
+    # the inputs of only some moments fit: by single bound and by the combined programme's duals are
+    # both valid choices; the bound is the larger, and still never above the optimum
+    graph = make()
+    budget = int(checkpoint_all_peak(graph) * fraction)
+    droppables, excesses, windows, pairs = _moments(graph, budget, closure=True)
+    singles = [bounds._knapsack_extra(graph, d, e) for d, e in zip(droppables, excesses)]
+    duals = []
+    bounds._combined_extra(graph, droppables, excesses, windows, duals=duals)
+    assert len(duals) == 1 and len(duals[0]) == len(droppables) and duals[0].max() > 0
+    cap = max(len(p) for p in pairs)
+    monkeypatch.setattr(bounds, "CLOSURE_BOUND_MAX_PAIRS", cap)
+    assert sum(len(p) for p in pairs) > cap
+    by_single = bounds._worst_moments_pairs(pairs, singles)
+    by_duals = bounds._worst_moments_pairs(pairs, singles, priority=duals[0])
+    assert sum(len(p) for p in by_duals) <= cap
+    # the moment binding the combined programme most has its inputs in
+    top = int(np.argmax(duals[0]))
+    assert len(pairs[top]) == 0 or by_duals[top].tolist() == pairs[top].tolist()
+    closures = [bounds._closure_extra(graph, droppables, excesses, windows, kept) for kept in (by_single, by_duals)]
+    found = cost_lower_bound(graph, budget, integer_time_s=None)
+    assert found == pytest.approx(graph.total_cost + max(max(closures), bounds._combined_extra(
+        graph, droppables, excesses, windows), max(singles)))
+    assert found <= _optimum(graph, budget) * (1 + 1e-9)

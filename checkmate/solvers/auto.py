@@ -37,7 +37,8 @@ still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`), and where t
 than :data:`AUTO_TARGET_GAP` from the bound (dense blocks, where every single hold left breaks the
 budget), holds are exchanged for drops at the peak they raise
 (:func:`~checkmate.solvers.rounding.hold_and_repair`) for up to :data:`EXCHANGE_TIME_FACTOR` times
-:data:`REFINE_MAX_S` more.
+:data:`REFINE_MAX_S` more; they end once within the target gap, or once no exchange of the schedule
+gains.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from checkmate._deadline import deadline_scope, no_deadline
-from checkmate.bounds import cost_lower_bound
+from checkmate._deadline import deadline_scope, no_deadline, seconds_left
+from checkmate.bounds import INTEGER_BOUND_TIME_S, cost_lower_bound
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError, TimeLimitError
 from checkmate.bounds import checkpoint_all_schedule, largest_working_set_bytes
 from checkmate.simulate import simulate
@@ -130,11 +131,12 @@ REFINE_MAX_NODES = 4000
 # Measured: experiments/results/README.md, section i.
 REFINE_MAX_S = 20.0
 # The exchanges of holds after the refinement (only while it is short of AUTO_TARGET_GAP) run up to
-# this many times REFINE_MAX_S (never past the time limit): on the 326-node diffusion U-Net at 30%,
-# from 1.0792x, 1.0770x after 20 s, 1.0697x after 40 s, 1.0694x after 60 s (half the draws by cost,
-# scratch run at a load near 10), that is 1.9% from the bound against 2.6% after 20 s.
+# this many times REFINE_MAX_S (never past the time limit; they end once within the target, or once
+# every exchange of the schedule failed): on the 326-node diffusion U-Net at 30% under a 150 s limit,
+# 1.0694x (1.87% from the bound) after 115 s in all, against 1.0792x with a factor of 3; the search's
+# gains on it come after 90 s or more of exchanges.
 # Measured: experiments/results/README.md, section i.
-EXCHANGE_TIME_FACTOR = 3.0
+EXCHANGE_TIME_FACTOR = 6.0
 # The share of the exchanges' draws made in proportion to the recomputation's cost (the rest
 # uniformly): by cost gained more on a diffusion U-Net, uniformly on DenseNet121's graph.
 # Measured: experiments/results/README.md, section i.
@@ -161,6 +163,18 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                 memo.append(cost_lower_bound(graph, budget_bytes))
         return memo[0]
 
+    def plan_bound() -> float:
+        """:func:`memory_bound` as the hierarchical strategy computes its own bound: within its time
+        limit (a :class:`TimeLimitError` reaches it). Kept for auto only when the integer programme had
+        its whole time (one cut short is valid but weaker)."""
+        if memo:
+            return memo[0]
+        left = seconds_left()
+        found = cost_lower_bound(graph, budget_bytes)
+        if left is None or left > INTEGER_BOUND_TIME_S + 1.0:
+            memo.append(found)
+        return found
+
     def attempt(name: str, opts: "SolveOptions", until: float | None = None, **extra) -> None:
         if name == "checkmate_milp" and results and "starts" not in extra:
             # the best schedule so far (a repaired one where every baseline refuses) is an incumbent:
@@ -171,6 +185,8 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                 start_candidate = evaluate(graph, found.schedule, source)
             if start_candidate is not None:
                 extra["starts"] = [start_candidate]
+        if name == "hierarchical":
+            extra.setdefault("memory_bound", plan_bound)
         try:
             with deadline_scope(until, what=name):
                 out = STRATEGIES[name].fn(graph, budget_bytes, opts, **extra)
@@ -468,7 +484,7 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
         # cost, 1.0761x uniformly)
         with no_deadline():
             better = hold_and_repair(graph, better, budget_bytes, deadline=exchange_until,
-                                     cost_draws=EXCHANGE_COST_DRAWS)
+                                     cost_draws=EXCHANGE_COST_DRAWS, target_cost=lower / (1 - AUTO_TARGET_GAP))
     if better.cost >= cost * (1 - 1e-9):
         return None
     with no_deadline():

@@ -550,9 +550,12 @@ def _lp_bound(graph: "Graph", budget_bytes: int, options: "SolveOptions", deadli
 
 
 def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions",
-                 closest: list | None = None) -> "StrategyOutput":
+                 closest: list | None = None, memory_bound: Callable[[], float] | None = None) -> "StrategyOutput":
     """The strategy entry: the schedule, a lower bound and a status saying what was done. ``closest``:
-    as :func:`hierarchical_schedule` takes it (the least-peak programme, when the budget is refused)."""
+    as :func:`hierarchical_schedule` takes it (the least-peak programme, when the budget is refused).
+    ``memory_bound``: a caller's :func:`cost_lower_bound` at this budget, computed once for both (auto
+    needs it too: seconds on graphs of hundreds of nodes)."""
+    bound_of = memory_bound if memory_bound is not None else (lambda: cost_lower_bound(graph, budget_bytes))
     start = time.perf_counter()
     deadline = None if options.time_limit_s is None else start + float(options.time_limit_s)
     plan = HierarchicalPlan()
@@ -566,7 +569,7 @@ def hierarchical(graph: "Graph", budget_bytes: int, options: "SolveOptions",
     # computed once (the caller's deadline is polled only between parts of the bound's work).
     memory_cut = deadline is not None and time.perf_counter() > deadline
     try:
-        memory_bound = min(graph.total_cost if memory_cut else cost_lower_bound(graph, budget_bytes), cost)
+        memory_bound = min(graph.total_cost if memory_cut else bound_of(), cost)
     except TimeLimitError:
         memory_bound, memory_cut = min(graph.total_cost, cost), True
     lp = _lp_bound(graph, budget_bytes, options, deadline)

@@ -103,7 +103,7 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
                     S2[end, i] = False
                     end += 1
                 S2 = prune_unused_holds(graph, S2 | forced, changed_rows=_changed_rows(forced, S, t, end - 1))
-                R2 = minimal_recompute(graph, S2)
+                R2 = _recompute_changed_stages(graph, R, S, S2)
                 # valid by construction (the minimal R of pruned holds): the array replay of the peak
                 # suffices to rank it, and the drop kept is replayed in full below
                 peak2 = peak_memory_bytes(graph, R2, S2)
@@ -125,6 +125,22 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     if not changed:
         return first
     return evaluate(graph, Schedule.from_matrices(graph, R, S), "repair")
+
+
+def _recompute_changed_stages(graph: "Graph", R: np.ndarray, S: np.ndarray, S2: np.ndarray) -> np.ndarray:
+    """:func:`~checkmate.schedule.minimal_recompute` of ``S2``, given ``R``, the minimal recomputation
+    of ``S``: a stage's needs depend only on its own row of S and the next, so only the stages next to
+    a row that changed are searched again (a drop changes a few rows; the full search of every stage
+    was a third of the repair's time on a 446-node U-Net)."""
+    changed = np.flatnonzero((S2 != S).any(axis=1))
+    R2 = np.array(R)
+    for t in np.union1d(changed, changed[changed > 0] - 1).tolist():
+        seeds = [t]
+        if t + 1 < graph.n:
+            seeds += np.flatnonzero(S2[t + 1, : t + 1] & ~S2[t, : t + 1]).tolist()
+        R2[t] = False
+        R2[t, list(stage_needed(graph.deps, S2[t].tobytes(), 0, seeds))] = True
+    return R2
 
 
 def _changed_rows(forced: np.ndarray, S: np.ndarray, low: int, high: int) -> tuple[int, int]:
@@ -245,7 +261,8 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
 
 
 def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, deadline: float,
-                    seed: int = 0, stop=None, tries: int | None = None, cost_draws: float = 0.0) -> Candidate:
+                    seed: int = 0, stop=None, tries: int | None = None, cost_draws: float = 0.0,
+                    target_cost: float | None = None) -> Candidate:
     """Escape the local optimum of :func:`improve_by_holding`: hold one recomputed value up to its
     use whatever the budget, let :func:`repair_to_budget` drop holds at the peak that this raises
     (cheapest per byte first), refine the result, and keep it when it is cheaper; repeated, with the
@@ -258,32 +275,47 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
     cost little elsewhere is still a gain: on DenseNet121's graph at 60% of checkpoint-all the
     refinement stops at 1.0735x, and these exchanges reached 1.064x in 150 s (a scratch run).
     ``cost_draws``: the share of the draws made in proportion to the recomputation's cost rather than
-    uniformly (holding a free one saves nothing; the others keep the search wide). ``candidate``
-    must fit.
+    uniformly (holding a free one saves nothing; the others keep the search wide). ``target_cost``:
+    the search ends once a schedule costs no more (a caller's proven bound plus its target gap).
+    A recomputation whose exchange failed is not drawn again until the schedule changes, and the
+    search ends when every one has failed. ``candidate`` must fit.
     """
     forced = forced_retention(graph)
     rng = np.random.default_rng(seed)
     current = candidate
 
     def over() -> bool:
-        return time.perf_counter() > deadline or (stop is not None and stop())
+        return (time.perf_counter() > deadline or (stop is not None and stop())
+                or (target_cost is not None and current.cost <= target_cost))
 
     tried = 0
+    # the recomputations whose exchange failed on the current schedule: an exchange is determined by
+    # the schedule and the recomputation held, so drawing one again before the schedule changes
+    # repeats the same seconds of work (the 326-node diffusion U-Net at 30% drew the same few again
+    # and again). Cleared when an exchange is kept; once every one failed, the schedule is a local
+    # optimum of the exchanges and the search ends.
+    failed: set[tuple[int, int]] = set()
+    # two recomputations can give the same holds once the unused ones are pruned (the same value
+    # recomputed twice in one span it is now held over): the same exchange, not repaired twice
+    exchanged: set[bytes] = set()
     while not over() and (tries is None or tried < tries):
-        tried += 1
         R, S = current.schedule.recompute, current.schedule.retain
         tt, ii = np.nonzero(np.tril(R, -1))
-        if tt.size == 0:
+        untried = np.array([k for k, (t, i) in enumerate(zip(tt.tolist(), ii.tolist())) if (t, i) not in failed],
+                           dtype=np.int64)
+        if untried.size == 0:
             break
+        tried += 1
         # every draw the same way for 0 and 1 (no second random number: the uniform draws stay those
         # of the same seed without the option)
         by_cost = cost_draws >= 1.0 or (cost_draws > 0.0 and rng.random() < cost_draws)
-        if by_cost and float(graph.cost[ii].sum()) > 0:
-            weights = graph.cost[ii].astype(np.float64)
-            k = int(rng.choice(tt.size, p=weights / weights.sum()))
+        if by_cost and float(graph.cost[ii[untried]].sum()) > 0:
+            weights = graph.cost[ii[untried]].astype(np.float64)
+            k = int(untried[int(rng.choice(untried.size, p=weights / weights.sum()))])
         else:
-            k = int(rng.integers(tt.size))
+            k = int(untried[int(rng.integers(untried.size))])
         t, i = int(tt[k]), int(ii[k])
+        failed.add((t, i))
         # held from the last stage before t in which it is resident (as a refinement move holds it)
         s = t - 1
         while s > i and not (R[s, i] or S[s, i]):
@@ -291,24 +323,35 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
         S2 = np.array(S)
         S2[s + 1:t + 1, i] = True
         S2 = prune_unused_holds(graph, S2 | forced)
+        key = np.packbits(S2).tobytes()
+        if key in exchanged:
+            continue
+        exchanged.add(key)
         # polled against ``deadline`` by the repair itself, which gives up (None) when it passes
         with no_deadline():
             repaired = repair_to_budget(graph, Schedule.from_matrices(graph, minimal_recompute(graph, S2), S2),
                                         budget_bytes, deadline=deadline)
         if repaired is None or repaired.peak_bytes > budget_bytes:
             continue
+        if np.array_equal(repaired.schedule.retain, S):
+            # the repair dropped the very hold the exchange added: the schedule as it was, which the
+            # refinement below cannot lower (it is refined already)
+            continue
         # the drops recompute more than needed: the refinement takes back what fits, among the values
         # whose holds the exchange changed (the rest was refined already: a search of every
         # recomputation took 29 s of a 40 s exchange on DenseNet121's graph, against 1 s for these)
         changed = np.union1d(np.flatnonzero((repaired.schedule.retain != S).any(axis=0)), [i])
         narrow = improve_by_holding(graph, repaired, budget_bytes, deadline=deadline, stop=stop, columns=changed)
-        if narrow.cost >= current.cost * (1 - 1e-9):
-            # not enough: the peak the drops moved can free holds of other values too (DenseNet121's
-            # graph at 60%: the whole search gained 1.0735x to 1.0673x in 20 s, these alone nothing)
-            narrow = improve_by_holding(graph, narrow, budget_bytes, deadline=deadline, stop=stop)
+        # not enough, or a gain: the peak the drops moved can free holds of other values too
+        # (DenseNet121's graph at 60%: the whole search gained 1.0735x to 1.0673x in 20 s, these alone
+        # nothing), and a schedule kept is refined in full, so that an exchange the repair undoes
+        # leaves nothing to refine
+        narrow = improve_by_holding(graph, narrow, budget_bytes, deadline=deadline, stop=stop)
         repaired = narrow
         if repaired.cost < current.cost * (1 - 1e-9) and repaired.peak_bytes <= budget_bytes:
             current = Candidate(repaired.schedule, repaired.cost, repaired.peak_bytes, candidate.source)
+            failed.clear()
+            exchanged.clear()
     if current is not candidate:
         with no_deadline():   # the check of the schedule found is never cut short
             sim = simulate(graph, current.schedule)

@@ -1,0 +1,152 @@
+"""The exchanges of holds (``hold_and_repair``) never repeat an exchange on one schedule, end by
+themselves at a schedule that no single exchange improves, and end at once when a target cost is met."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import checkmate.solvers.rounding as rounding
+from checkmate.bounds import checkpoint_all_schedule
+from checkmate.simulate import simulate
+from checkmate.solvers import parse_budget
+from checkmate.solvers.rounding import hold_and_repair, improve_by_holding, repair_to_budget
+
+from cases import assert_valid_schedule
+from quality_graphs import long_skip_unet
+
+
+@pytest.fixture(scope="module")
+def skip_unet_at_half():
+    """The 54-node long-skip U-Net at 50%: holds dropped from checkpoint-all, then refined (1.39x)."""
+    graph = long_skip_unet()
+    budget = parse_budget("50%", graph)
+    dropped = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    return graph, budget, improve_by_holding(graph, dropped, budget)
+
+
+def _recording_repairs(monkeypatch) -> list[bytes]:
+    """The schedules the exchanges hand to the repair, packed (one per exchange tried in full)."""
+    seen: list[bytes] = []
+    real = rounding.repair_to_budget
+
+    def recording(graph, schedule, budget_bytes, **kwargs):
+        seen.append(np.packbits(schedule.retain).tobytes())
+        return real(graph, schedule, budget_bytes, **kwargs)
+
+    monkeypatch.setattr(rounding, "repair_to_budget", recording)
+    return seen
+
+
+def test_exchanges_end_by_themselves_at_a_local_optimum_without_repeating_one(monkeypatch, skip_unet_at_half):
+    # drawn with replacement, the search tried its 400 exchanges (the limit given) in 18 s and
+    # reached 1.1323x; without repeats it ends after under a hundred, at 1.1304x
+    graph, budget, start = skip_unet_at_half
+    seen = _recording_repairs(monkeypatch)
+    found = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, tries=400, cost_draws=0.5)
+    assert_valid_schedule(graph, found.schedule, budget)
+    assert found.cost == pytest.approx(simulate(graph, found.schedule).compute_cost)
+    assert found.cost < start.cost * 0.85
+    assert len(seen) < 200
+    # one schedule is repaired once: an exchange is repeated only on a schedule changed since
+    repeats = len(seen) - len(set(seen))
+    assert repeats <= 5
+    # a local optimum: from it no exchange gains, whatever order they are tried in
+    seen.clear()
+    again = hold_and_repair(graph, found, budget, deadline=time.perf_counter() + 300, tries=400, seed=7)
+    assert again is found
+    recomputations = int(np.count_nonzero(np.tril(found.schedule.recompute, -1)))
+    assert 0 < len(seen) <= recomputations
+    assert len(set(seen)) == len(seen)
+
+
+def test_exchanges_end_once_the_target_cost_is_met(monkeypatch, skip_unet_at_half):
+    graph, budget, start = skip_unet_at_half
+    seen = _recording_repairs(monkeypatch)
+    # met already: nothing is tried
+    assert hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, target_cost=start.cost) is start
+    assert seen == []
+    full = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, cost_draws=0.5)
+    tried_in_full = len(seen)
+    seen.clear()
+    # a target halfway: the search stops at the first schedule that meets it, before the full search's end
+    target = (start.cost + full.cost) / 2
+    found = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, cost_draws=0.5,
+                            target_cost=target)
+    assert full.cost <= found.cost <= target
+    assert len(seen) < tried_in_full
+    assert_valid_schedule(graph, found.schedule, budget)
+
+
+def test_auto_exchanges_stop_at_the_target_gap_of_the_proven_bound(monkeypatch, skip_unet_at_half):
+    # auto's exchanges are told the cost at which the schedule is within its target gap of the bound
+    import checkmate.solvers.auto as auto_module
+    from checkmate.solvers.types import StrategyOutput, relative_gap
+
+    graph, budget, start = skip_unet_at_half
+    given = []
+
+    def recording(graph_, candidate, budget_bytes, *, deadline, **kwargs):
+        given.append(kwargs)
+        return candidate
+
+    monkeypatch.setattr(auto_module, "hold_and_repair", recording)
+    lower = start.cost * 0.9
+    auto_module._refine(graph, budget, StrategyOutput(start.schedule, status="ok"), start.cost * 1.5, None,
+                        lower, time.perf_counter() + 600)
+    assert len(given) == 1
+    target = given[0]["target_cost"]
+    assert relative_gap(target, lower) == pytest.approx(auto_module.AUTO_TARGET_GAP)
+
+
+def test_auto_computes_the_memory_bound_once_with_the_hierarchical_plan(monkeypatch):
+    # the plan's bound and auto's are the same programme: seconds on graphs of hundreds of nodes
+    import checkmate
+    import checkmate.bounds as bounds_module
+    import checkmate.solvers.auto as auto_module
+    import checkmate.solvers.hierarchical as hierarchical_module
+    from quality_graphs import dense_blocks
+
+    graph = dense_blocks(blocks=3, layers=8)
+    assert auto_module.AUTO_HIERARCHICAL_FIRST_MIN_NODES <= graph.n <= auto_module.AUTO_MILP_MAX_NODES
+    budget = parse_budget("50%", graph)
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args[1])
+        return bounds_module.cost_lower_bound(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "cost_lower_bound", counting)
+    monkeypatch.setattr(hierarchical_module, "cost_lower_bound", counting)
+    result = checkmate.solve(graph, budget, strategy="auto", time_limit_s=20)
+    assert result.lower_bound is not None
+    assert calls == [budget]
+
+
+def test_the_repair_searches_again_only_the_stages_a_drop_changes(monkeypatch):
+    # every recomputation the repair derives from the rows a drop changed is the minimal one of the
+    # whole matrix, and the repair lands where it did with the full search
+    from checkmate.schedule import minimal_recompute
+
+    graph = long_skip_unet()
+    budget = parse_budget("50%", graph)
+    real = rounding._recompute_changed_stages
+    checked = []
+
+    def checking(graph_, R, S, S2):
+        R2 = real(graph_, R, S, S2)
+        assert np.array_equal(R, minimal_recompute(graph_, S))
+        assert np.array_equal(R2, minimal_recompute(graph_, S2))
+        checked.append(int((S2 != S).any(axis=1).sum()))
+        return R2
+
+    monkeypatch.setattr(rounding, "_recompute_changed_stages", checking)
+    fast = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    assert len(checked) > 20 and 0 < max(checked) < graph.n
+    monkeypatch.setattr(rounding, "_recompute_changed_stages", lambda graph_, R, S, S2: minimal_recompute(graph_, S2))
+    full = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
+    assert fast is not None and full is not None
+    assert np.array_equal(fast.schedule.retain, full.schedule.retain) and fast.cost == full.cost
+    assert_valid_schedule(graph, fast.schedule, budget)
