@@ -43,10 +43,14 @@ gains.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import re
 import time
+from collections import OrderedDict
+
+import numpy as np
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -144,6 +148,39 @@ EXCHANGE_COST_DRAWS = 0.5
 
 _logger = logging.getLogger("checkmate")
 
+# The least-peak schedule a refused budget's answer named, per graph (its memory structure), for the
+# graphs solved last in this process: a solve at that budget (the minimum the error named) then
+# starts with it, and gets it even when its own time-limited repair stops above it (a machine busy
+# with other work). Peaks depend on sizes, edges and flags only, not costs.
+_LEAST_PEAK_SCHEDULES: "OrderedDict[str, tuple[int, Schedule]]" = OrderedDict()
+LEAST_PEAK_GRAPHS_KEPT = 16
+
+
+def _memory_key(graph: "Graph") -> str:
+    h = hashlib.sha256(f"{graph.n}|{int(graph.fixed_mem)}".encode())
+    for part, dtype in ((graph.mem, np.int64), (graph.edges, np.int64), (graph.backward, np.uint8),
+                        (graph.output, np.uint8), (graph.recomputable, np.uint8)):
+        h.update(np.ascontiguousarray(np.asarray(part, dtype=dtype)).tobytes())
+    return h.hexdigest()
+
+
+def _remember_least_peak(graph: "Graph", fits: list) -> None:
+    if not fits:
+        return
+    peak, schedule = min(fits, key=lambda f: f[0])
+    key = _memory_key(graph)
+    known = _LEAST_PEAK_SCHEDULES.get(key)
+    if known is None or peak < known[0]:
+        _LEAST_PEAK_SCHEDULES[key] = (int(peak), schedule)
+    _LEAST_PEAK_SCHEDULES.move_to_end(key)
+    while len(_LEAST_PEAK_SCHEDULES) > LEAST_PEAK_GRAPHS_KEPT:
+        _LEAST_PEAK_SCHEDULES.popitem(last=False)
+
+
+def _known_least_peak(graph: "Graph", budget_bytes: int) -> "Schedule | None":
+    known = _LEAST_PEAK_SCHEDULES.get(_memory_key(graph))
+    return known[1] if known is not None and known[0] <= budget_bytes else None
+
 
 def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "StrategyOutput":
     start = time.perf_counter()
@@ -152,6 +189,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     minimums: list[int] = []
     timed_out: list[str] = []
     over: list[tuple[int, str, "Schedule"]] = []        # schedules that replayed above the budget
+    fits: list[tuple[int, "Schedule"]] = []             # the repairs' least-peak schedules, with their peaks
     floor_minimums: list[tuple[int, str]] = []          # a floor strategy's least peak, when it refused
     memo: list[float] = []
 
@@ -299,6 +337,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         if repaired is None:
             # the least peak it reached is a budget known to fit
             minimums.extend(c.peak_bytes for c in lowest if c is not None)
+            fits.extend((c.peak_bytes, c.schedule) for c in lowest if c is not None)
             return
         refined = _refine(graph, budget_bytes, repaired[2], repaired[0], until)
         if refined is not None:
@@ -349,6 +388,7 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
         lowest: list = []
         repaired = _repair(graph, budget_bytes, floor_minimums, over, repair_until, lowest=lowest)
         minimums.extend(c.peak_bytes for c in lowest if c is not None)
+        fits.extend((c.peak_bytes, c.schedule) for c in lowest if c is not None)
         if repaired is not None:
             results.append(repaired)
             _logger.info("auto: %s fits at overhead %.4fx (%.1f s)", repaired[2].status,
@@ -382,6 +422,18 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                              "with the time left", 100 * AUTO_TARGET_GAP)
                 attempt("checkmate_milp", replace(options, time_limit_s=left), deadline)
     drop_from_checkpoint_all()
+    if not results:
+        # the least peak this answer names is a budget a later solve on this graph starts from
+        _remember_least_peak(graph, fits + [(peak, schedule) for peak, _, schedule in over])
+        earlier = _known_least_peak(graph, budget_bytes)
+        if earlier is not None:
+            with no_deadline():
+                sim = simulate(graph, earlier)
+            if sim.valid and sim.peak_memory_bytes <= budget_bytes:
+                _logger.info("auto: the least-peak schedule of an earlier answer on this graph fits")
+                results.append((sim.compute_cost, "least_peak",
+                                StrategyOutput(earlier, status="the least-peak schedule an earlier refusal of a "
+                                                                "smaller budget named")))
     if not results and timed_out:
         # a strategy that ran out of time may have fitted: the budget is not known to be infeasible,
         # and a minimum found by the others is only an upper bound
