@@ -153,13 +153,20 @@ def test_class_weight_as_keras():
     np.testing.assert_allclose(got, want, rtol=1e-5)
 
 
-def test_a_compiled_model_lends_its_compile_arguments():
-    x, y = token_data()
+def _twins_compiled(*metric_sets):
+    """Two token models with the same weights, each compiled once per entry of ``metric_sets`` (the
+    weighted metrics of that call, None for none)."""
     model, other = token_model(), token_model()
     other.set_weights(model.get_weights())
     for m in (model, other):
-        m.compile(keras.optimizers.SGD(0.5), LOSS, weighted_metrics=["sparse_categorical_accuracy"],
-                  jit_compile=False)
+        for metrics in metric_sets:
+            m.compile(keras.optimizers.SGD(0.5), LOSS, weighted_metrics=metrics, jit_compile=False)
+    return model, other
+
+
+def test_a_compiled_model_lends_its_compile_arguments():
+    x, y = token_data()
+    model, other = _twins_compiled(["sparse_categorical_accuracy"])
     arguments = losses.compile_arguments_of(other)
     assert arguments["loss"] is LOSS and arguments["optimizer"] is other.optimizer
     assert losses.compile_arguments_of(token_model()) is None
@@ -177,12 +184,7 @@ def test_metrics_kept_from_an_earlier_compile_are_reported_as_keras_does():
     # itself with weighted metrics on construction, and users compile it again for their optimizer):
     # Keras' fit still reports them, and so must a RematModel that adopts the model's compile()
     x, y = token_data()
-    model, other = token_model(), token_model()
-    other.set_weights(model.get_weights())
-    for m in (model, other):
-        m.compile(keras.optimizers.SGD(0.5), LOSS, weighted_metrics=["sparse_categorical_accuracy"],
-                  jit_compile=False)
-        m.compile(keras.optimizers.SGD(0.5), LOSS, jit_compile=False)
+    model, other = _twins_compiled(["sparse_categorical_accuracy"], None)
     with _compat.grappler_disabled():
         want = model.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history
     assert "sparse_categorical_accuracy" in want
