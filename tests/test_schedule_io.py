@@ -63,3 +63,41 @@ def test_parse_budget_forms():
     for fractional in [1.9, "1.5", "7.5B"]:
         with pytest.raises(InvalidBudgetError, match="whole number of bytes"):
             parse_budget(fractional, g)
+
+
+def test_json_text_parses_back_with_one_line_per_member_and_flat_lists_on_one_line():
+    from checkmate.io import json_text
+
+    doc = {"format": "x", "pairs": [[0, 1], [2, 3]], "nodes": [{"b": [1, 2], "id": 0}, {"id": 1}],
+           "meta": {"z": 1.5, "a": None, "nested": {"k": [True, "s"]}}, "empty": {}, "none": [],
+           "ints": {1: "one"}}
+    for indent, sort in ((1, False), (0, True), (2, False)):
+        text = json_text(doc, indent=indent, sort_keys=sort)
+        assert json.loads(text) == json.loads(json.dumps(doc))
+        lines = [line.rstrip(",") for line in text.splitlines()]
+        pad = " " * indent
+        assert f'{pad}"pairs": [[0, 1], [2, 3]]' in lines
+        # a list of objects: one object a line
+        assert f'{pad * 2}{{"b": [1, 2], "id": 0}}' in lines
+        assert f'{pad * 2}"nested": {{' in lines
+    assert json_text(doc, indent=None) == json.dumps(doc)
+    # sort_keys orders every level
+    text = json_text(doc, indent=1, sort_keys=True)
+    assert text.index('"a": null') < text.index('"z": 1.5') and text.index('"empty"') < text.index('"format"')
+
+
+def test_a_large_schedule_is_written_with_its_pairs_on_one_line(tmp_path):
+    from checkmate.graph import GraphBuilder
+
+    builder = GraphBuilder("chain")
+    previous = []
+    for i in range(300):
+        previous = [builder.add_node(f"n{i}", 1.0, 8, previous[-1:], backward=i >= 150, output=i == 299)]
+    g = builder.build()
+    s = checkpoint_all_schedule(g)
+    path = tmp_path / "s.json"
+    save_schedule(s, path)
+    text = path.read_text()
+    # one line per member of the document, not one per number (indent=1 gave over 4 lines per pair)
+    assert len(text.splitlines()) < 20
+    assert load_schedule(path, g) == s
