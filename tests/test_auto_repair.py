@@ -68,6 +68,20 @@ def test_refinement_lowers_the_cost_and_keeps_the_budget(vit):
     assert "refined" in new_out.status
 
 
+def test_a_schedule_refined_twice_says_so_once(vit):
+    from dataclasses import replace
+
+    budget = parse_budget("50%", vit)
+    cost, _, out = _repair(vit, budget, [], [], until=None)
+    earlier = replace(out, status=out.status + "; refined (recomputations replaced by holds that fit, holds "
+                                                 "exchanged for cheaper drops)")
+    refined = _refine(vit, budget, earlier, cost, until=None)
+    assert refined is not None
+    status = refined[1].status
+    assert status.count("refined (") == 1 and "holds exchanged for cheaper drops" in status
+    assert status.startswith("repaired to the budget")
+
+
 def test_refinement_without_time_left_changes_nothing(vit):
     budget = parse_budget("50%", vit)
     schedule = checkmate.solve(vit, parse_budget("60%", vit), strategy="chen_greedy").schedule

@@ -546,9 +546,13 @@ def _refine(graph: "Graph", budget_bytes: int, out: "StrategyOutput", cost: floa
     _logger.info("auto: refined to overhead %.4fx", check.compute_cost / graph.total_cost if graph.total_cost else 1.0)
     # the strategy's own distance to its bound no longer holds: auto states the refined one
     status = re.sub(r",?\s*within [0-9.]+% of the optimum;?\s*", " ", out.status if out.status != "ok" else "")
+    # a schedule refined before (the drops from checkpoint-all are refined at once) says so once
+    earlier = re.findall(r"refined \(recomputations replaced by holds that fit[^)]*\)", status)
+    exchanged = better.source.endswith("exchanged") or any("exchanged" in e for e in earlier)
+    status = re.sub(r";?\s*refined \(recomputations replaced by holds that fit[^)]*\)", " ", status)
     status = re.sub(r"\s+", " ", status).strip(" ;,")
     status = (status + "; " if status else "") + "refined (recomputations replaced by holds that fit"
-    status += ", holds exchanged for cheaper drops)" if better.source.endswith("exchanged") else ")"
+    status += ", holds exchanged for cheaper drops)" if exchanged else ")"
     return check.compute_cost, replace(out, schedule=better.schedule, status=status, optimal=False)
 
 
