@@ -32,8 +32,10 @@ other than reads of unassigned variables), or is an opaque call/loop; a node hol
 ``recomputable=False``.
 
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
-non-recomputable node, with a warning (its internal memory is not modelled). Tensors that cannot be
-sized (variant tensors such as TensorLists of a ``While`` loop, unknown shapes, strings) raise
+non-recomputable node, with a warning (its internal memory is not modelled). A TensorList built
+outside a loop (a ``tf.TensorArray`` written in a Python loop) is sized by the items it holds
+(:func:`tensor_list_bytes`). Tensors that cannot be sized (other variant tensors such as the
+TensorLists of a ``While`` loop, unknown shapes, strings) raise
 :class:`~checkmate.errors.UnsupportedOpError` naming the op.
 """
 
@@ -49,7 +51,7 @@ from checkmate.errors import UnsupportedOpError
 from checkmate.tf2 import _compat
 from checkmate.tf2.lowering.trace import TracedStep
 
-__all__ = ["OpGraph", "OpInfo", "classify_ops", "tensor_bytes", "warn_opaque"]
+__all__ = ["OpGraph", "OpInfo", "classify_ops", "tensor_bytes", "tensor_list_bytes", "warn_opaque"]
 
 # Ops that read a resource without changing it: static when the resource is never written.
 _RESOURCE_READ_TYPES = frozenset({
@@ -195,6 +197,7 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
         stack.extend(op_graph.producers[i])
 
     infos: list[OpInfo] = []
+    list_sizes: dict[str, Any] = {}
     for index, op in enumerate(ops):
         info = OpInfo(op=op, index=index, static=True)
         infos.append(info)
@@ -224,6 +227,8 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
             if size is None:
                 size = _kernel_scratch_bytes(t)
             if size is None:
+                size = tensor_list_bytes(t, list_sizes)
+            if size is None:
                 kind = "an opaque function call or loop whose " if opaque else ""
                 raise UnsupportedOpError(
                     f"cannot size op {op.name!r} ({op.type}): {kind}{_describe_unsizeable(t)}; "
@@ -242,6 +247,66 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
                     f"op {info.op.name!r} ({info.op.type}) runs before the gradient but reads "
                     f"{t.name}, which the gradient computation produces")
     return infos
+
+
+# TensorList ops (a ``tf.TensorArray`` in a Python loop: KerasHub's RWKV-7 time mixing) and how the
+# bytes of the list they return follow from their inputs (see :func:`tensor_list_bytes`).
+_LIST_FROM_TENSOR_TYPES = frozenset({"TensorListFromTensor", "TensorListSplit", "TensorListScatter",
+                                     "TensorListScatterV2"})
+_LIST_GROWING_TYPES = frozenset({"TensorListSetItem", "TensorListPushBack", "TensorListScatterIntoExistingList"})
+_LIST_KEEPING_TYPES = frozenset({"TensorListPopBack", "TensorListResize", "Identity", "IdentityN", "StopGradient",
+                                 "Snapshot"})
+_LIST_EMPTY_TYPES = frozenset({"TensorListReserve", "EmptyTensorList"})
+
+
+def tensor_list_bytes(t, memo: dict | None = None) -> int | None:
+    """The bytes a TensorList (a variant tensor) holds, from the ops that built it; None for any other
+    variant, or a list built by an op not listed here (a loop's accumulator).
+
+    A list made from a tensor holds that tensor's bytes; a reserved or empty list none. Setting or
+    pushing an item adds the item's bytes, at most the list's capacity (its slots times the item's
+    bytes, where the slots are a constant), so that a backward pass that overwrites the slots of a
+    full list with zeros does not grow it; popping and resizing are counted as keeping the bytes (an
+    upper bound). The elements are references to the items, which the memory model frees at their
+    last use: the list's bytes keep them counted while it lives."""
+    memo = {} if memo is None else memo
+    found = _tensor_list_size(t, memo)
+    return None if found is None else int(found[0])
+
+
+def _tensor_list_size(t, memo: dict):
+    """``(bytes, slots or None)`` of the TensorList ``t`` (see :func:`tensor_list_bytes`), or None. The
+    lists of a step are sized in the order of its ops, so that the memo holds a list's input already."""
+    if t.dtype != tf.variant:
+        return None
+    if t.name in memo:
+        return memo[t.name]
+    op = t.op
+    kind = op.type
+    found = None
+    if kind in _LIST_EMPTY_TYPES:
+        slots = tf.get_static_value(op.inputs[1]) if kind == "TensorListReserve" and len(op.inputs) > 1 else None
+        found = (0, int(slots) if slots is not None and int(slots) >= 0 else None)
+    elif kind in _LIST_FROM_TENSOR_TYPES:
+        size = tensor_bytes(op.inputs[0])
+        rows = op.inputs[0].shape[0] if op.inputs[0].shape.rank else None
+        found = None if size is None else (size, int(rows) if kind == "TensorListFromTensor" and rows else None)
+    elif kind in _LIST_GROWING_TYPES or kind in _LIST_KEEPING_TYPES:
+        index = t.value_index if kind == "IdentityN" else 0
+        inner = _tensor_list_size(op.inputs[index], memo) if op.inputs else None
+        if inner is not None and kind in _LIST_GROWING_TYPES:
+            item = tensor_bytes(op.inputs[1] if kind == "TensorListPushBack" else op.inputs[-1])
+            if item is None:
+                inner = None
+            else:
+                size, slots = inner
+                grown = size + item
+                if kind == "TensorListSetItem" and slots is not None:
+                    grown = min(grown, slots * item)
+                inner = (grown, slots)
+        found = inner
+    memo[t.name] = found
+    return found
 
 
 def _kernel_scratch_bytes(t) -> int | None:

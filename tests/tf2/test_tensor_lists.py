@@ -1,0 +1,115 @@
+"""A ``tf.TensorArray`` written in a Python loop (KerasHub's RWKV-7 time mixing): its TensorLists are
+sized by the items they hold, and a plan that recomputes through them gives plain training's gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+import checkmate  # noqa: E402
+from checkmate.simulate import simulate  # noqa: E402
+from checkmate.tf2.lowering import lower  # noqa: E402
+from checkmate.tf2.lowering.ops import tensor_list_bytes  # noqa: E402
+from test_codegen import assert_close_relative  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+BATCH, STEPS, WIDTH = 4, 6, 8
+XENT = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+class Scan(keras.layers.Layer):
+    """A recurrence unrolled in Python, its outputs gathered in a TensorArray, as RWKV-7 does on TF."""
+
+    def call(self, x):
+        out = tf.TensorArray(x.dtype, size=x.shape[1])
+        state = tf.zeros_like(x[:, 0])
+        for t in range(x.shape[1]):
+            state = tf.tanh(state * 0.5 + x[:, t])
+            out = out.write(t, state)
+        return tf.transpose(out.stack(), [1, 0, 2])
+
+
+def scan_model(depth=3, width=WIDTH):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((STEPS, width))
+    h = inp
+    for k in range(depth):
+        h = keras.layers.Dense(width, activation="relu", name=f"pre{k}")(h)
+    h = Scan(name="scan")(h)
+    for k in range(depth):
+        h = keras.layers.Dense(width, activation="relu", name=f"post{k}")(h)
+    out = keras.layers.Dense(3, name="logits")(keras.layers.GlobalAveragePooling1D()(h))
+    return keras.Model(inp, out)
+
+
+def specs(batch=BATCH, width=WIDTH):
+    return tf.TensorSpec((batch, STEPS, width)), tf.TensorSpec((batch,), tf.int64)
+
+
+def test_tensor_lists_are_sized_by_the_items_they_hold():
+    lg = lower(scan_model(), XENT, *specs(), level="op")
+    graph, fg = lg.graph, lg.function.graph
+    item = BATCH * WIDTH * 4
+    writes = sorted((op for op in fg.get_operations() if op.type == "TensorListSetItem"
+                     and op.name in lg.op_node and not lg.graph.backward[lg.op_node[op.name]]),
+                    key=lambda op: int(tf.get_static_value(op.inputs[1])))
+    assert len(writes) == STEPS
+    for k, op in enumerate(writes):
+        # the list after the k-th write holds k + 1 items, counted in its node's value
+        assert tensor_list_bytes(op.outputs[0]) == (k + 1) * item
+        assert graph.mem[lg.op_node[op.name]] >= (k + 1) * item
+    # the backward pass's list from the stacked gradient holds every slot; overwriting a slot with
+    # zeros does not grow it past them
+    backward = [op for op in fg.get_operations() if op.type in ("TensorListFromTensor", "TensorListSetItem")
+                and op.name in lg.op_node and lg.graph.backward[lg.op_node[op.name]]]
+    assert backward
+    for op in backward:
+        assert tensor_list_bytes(op.outputs[0]) == STEPS * item
+    # a variant that is not a TensorList is not sized
+    assert tensor_list_bytes(tf.constant(1.0)) is None
+
+
+def test_a_plan_that_recomputes_through_the_tensor_lists_gives_the_plain_gradients():
+    plain, model = scan_model(width=32), scan_model(width=32)
+    for a, b in zip(plain.variables, model.variables):
+        b.assign(a)
+    xs, ys = specs(width=32)
+    # checkpoint_last_node recomputes every forward node from the batch: the writes and the stack too
+    step = checkmate.tf2.compile(model, XENT, keras.optimizers.SGD(0.1), xs, ys, budget="100%",
+                                 level="op", strategy="checkpoint_last_node")
+    graph, schedule = step.graph, step.schedule
+    recomputed = {graph.names[i] for i in np.nonzero(schedule.recompute.sum(axis=0) > 1)[0]}
+    assert any("TensorArrayV2Write" in name or "TensorArrayV2Stack" in name for name in recomputed), recomputed
+    sim = simulate(graph, schedule)
+    assert sim.valid and sim.peak_memory_bytes <= step.predicted.budget_bytes
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((BATCH, STEPS, 32)).astype("float32")
+    y = rng.integers(0, 3, (BATCH,))
+    loss, grads = step.gradients(x, y)
+    with tf.GradientTape() as tape:
+        expected_loss = XENT(y, plain(x, training=True))
+    expected = tape.gradient(expected_loss, plain.trainable_variables)
+    assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
+    for g, e in zip(grads, expected):
+        assert_close_relative(g, e)
+
+
+def test_remat_model_trains_a_tensor_array_model_as_keras_fit_does():
+    reference, model = scan_model(width=32), scan_model(width=32)
+    for m in (reference, model):
+        m.compile(keras.optimizers.Adam(1e-2), XENT)
+    for a, b in zip(reference.variables, model.variables):
+        b.assign(a)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3 * BATCH, STEPS, 32)).astype("float32")
+    y = rng.integers(0, 3, (3 * BATCH,))
+    trainer = checkmate.tf2.RematModel(model, budget="80% activations")
+    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(expected, rel=1e-5)
+    step = trainer.compiled_step()
+    assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes
