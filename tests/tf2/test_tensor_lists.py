@@ -78,9 +78,9 @@ def test_a_plan_that_recomputes_through_the_tensor_lists_gives_the_plain_gradien
     for a, b in zip(plain.variables, model.variables):
         b.assign(a)
     xs, ys = specs(width=32)
-    # checkpoint_last_node recomputes every forward node from the batch: the writes and the stack too
-    step = checkmate.tf2.compile(model, XENT, keras.optimizers.SGD(0.1), xs, ys, budget="100%",
-                                 level="op", strategy="checkpoint_last_node")
+    # chen_sqrtn recomputes its segments of the forward pass: writes and the stack among them
+    step = checkmate.tf2.compile(model, XENT, keras.optimizers.SGD(0.1), xs, ys, budget=1 << 40,
+                                 level="op", strategy="chen_sqrtn")
     graph, schedule = step.graph, step.schedule
     recomputed = {graph.names[i] for i in np.nonzero(schedule.recompute.sum(axis=0) > 1)[0]}
     assert any("TensorArrayV2Write" in name or "TensorArrayV2Stack" in name for name in recomputed), recomputed
@@ -113,3 +113,48 @@ def test_remat_model_trains_a_tensor_array_model_as_keras_fit_does():
     assert got == pytest.approx(expected, rel=1e-5)
     step = trainer.compiled_step()
     assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes
+
+
+class MixedScan(keras.layers.Layer):
+    """A composite layer (a sublayer inside it) whose call() unrolls a long recurrence of its own ops."""
+
+    def __init__(self, steps, **kwargs):
+        super().__init__(**kwargs)
+        self.steps = steps
+        self.proj = keras.layers.Dense(WIDTH, name="proj")
+
+    def call(self, x):
+        h = self.proj(x)
+        out = tf.TensorArray(h.dtype, size=self.steps)
+        state = tf.zeros_like(h[:, 0])
+        for t in range(self.steps):
+            state = tf.tanh(state * 0.5 + h[:, t % h.shape[1]]) * 1.5
+            out = out.write(t, state)
+        return tf.reduce_mean(out.stack(), axis=0)
+
+
+def test_a_composite_layer_with_thousands_of_its_own_ops_gets_runs_of_them():
+    from checkmate.tf2.lowering.grouping import COMPOSITE_OWN_NODES
+
+    steps = 150             # about 6 ops each: 900 ops of the layer's own
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((STEPS, WIDTH))
+    out = keras.layers.Dense(3, name="logits")(MixedScan(steps, name="mixed")(inp))
+    model = keras.Model(inp, out)
+    lg = lower(model, XENT, *specs(), level="auto")
+    own = [name for name in lg.graph.names if name.startswith("mixed/") and not name.startswith("mixed/proj")
+           and not lg.graph.backward[lg.graph.names.index(name)]]
+    assert 10 < len(own) <= COMPOSITE_OWN_NODES + 2
+    assert any("+" in name for name in own)          # runs of several ops, named by their first
+    assert lg.graph.n < 3 * COMPOSITE_OWN_NODES + 50
+    # the runs are in creation order: each reads only runs before it (the graph is acyclic and valid)
+    step = checkmate.tf2.compile(model, XENT, keras.optimizers.SGD(0.1), *specs(), budget=1 << 40,
+                                 strategy="chen_sqrtn")
+    assert step.schedule.recompute_count > 0
+    x = np.random.default_rng(2).standard_normal((BATCH, STEPS, WIDTH)).astype("float32")
+    y = np.array([0, 1, 2, 0])
+    loss, grads = step.gradients(x, y)
+    expected_loss, expected = step.plain_gradients(x, y)
+    assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
+    for g, e in zip(grads, expected):
+        assert_close_relative(g, e)

@@ -66,7 +66,7 @@ __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "laye
            "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
            "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION",
-           "split_composite_layers", "AUTO_OP_NODE_LIMIT"]
+           "split_composite_layers", "AUTO_OP_NODE_LIMIT", "COMPOSITE_OWN_NODES"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
@@ -92,6 +92,11 @@ OUTPUT_SPLIT_FRACTION = 0.02
 # (2 layers, hidden 256, batch 8 x 128) at 50% of checkpoint-all, 161 nodes 1.300x predicted, 370 nodes
 # (all split) 1.104x in 11 s, the op level's 599 nodes 1.081x in 16 s (experiments/results/realworld_lm.md).
 AUTO_OP_NODE_LIMIT = 600
+# The most nodes the ops a composite call creates outside its sublayers become (one per op up to this
+# many; beyond, runs of consecutive ops). KerasHub's RWKV-7 (2 layers, hidden 128, 64 tokens) unrolls its
+# recurrence in the time-mixing layer's call(): one node per op gave 5027 nodes, on which no strategy
+# found a schedule at 50% of checkpoint-all within 180 s.
+COMPOSITE_OWN_NODES = 128
 
 
 @dataclass
@@ -140,7 +145,9 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
 
     With ``composites`` (calls that contain other calls), an op that a composite call creates
     outside all of its sublayers' calls (attention scores and softmax, a block's residual adds, a
-    nested model's glue) is a pseudo-layer of its own, ``<composite>/<op>``: one node per op.
+    nested model's glue) is a pseudo-layer of its own, ``<composite>/<op>``: one node per op, or,
+    for a call with more than :data:`COMPOSITE_OWN_NODES` such ops, one per run of consecutive ops
+    (``<composite>/<first op>+<more>``).
     """
     layer: dict[int, str] = {}
     # Forward: innermost recorded call containing the op (calls are appended on exit, so a call
@@ -159,14 +166,31 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
             layer[i] = LOSS_LAYER
     if composites:
         taken: set[str] = set()
+        own: dict[str, list[int]] = {}
         for i, name in sorted(layer.items()):
             if name in composites:
-                tail = "/".join(infos[i].op.name.split("/")[-2:])
-                label = f"{name}/{tail}"
+                own.setdefault(name, []).append(i)
+        for name, members in own.items():
+            # a call with many ops of its own (a recurrence unrolled by a Python loop in its call():
+            # RWKV-7's time mixing, 64 steps of a dozen ops each) gets them in runs of consecutive ops
+            # (ops in creation order: a run reads only runs before it), at most COMPOSITE_OWN_NODES
+            # of them, rather than thousands of one-op nodes
+            size = -(-len(members) // COMPOSITE_OWN_NODES)
+            runs: list[list[int]] = []
+            for i in members:
+                # a run ends where another layer's op was created between two of its ops
+                apart = runs and any(layer.get(j, name) != name for j in range(runs[-1][-1] + 1, i))
+                if not runs or len(runs[-1]) >= size or apart:
+                    runs.append([])
+                runs[-1].append(i)
+            for run in runs:
+                tail = "/".join(infos[run[0]].op.name.split("/")[-2:])
+                label = f"{name}/{tail}" + (f"+{len(run) - 1}" if len(run) > 1 else "")
                 if label in taken:
-                    label = f"{label}#{i}"
+                    label = f"{label}#{run[0]}"
                 taken.add(label)
-                layer[i] = label
+                for i in run:
+                    layer[i] = label
 
     _split_junctions(layer, traced, infos, op_graph)
 
