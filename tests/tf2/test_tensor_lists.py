@@ -158,3 +158,28 @@ def test_a_composite_layer_with_thousands_of_its_own_ops_gets_runs_of_them():
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     for g, e in zip(grads, expected):
         assert_close_relative(g, e)
+
+
+def test_a_large_workspace_node_is_split_into_at_most_split_max_parts_runs_in_creation_order(monkeypatch):
+    from checkmate.tf2.lowering import grouping
+
+    # the runs of interleaved parts: cut in creation order where a part starts, about limit of them
+    assert grouping._runs([[0, 1], [2, 3], [4, 5], [6, 7]], limit=2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # interleaved chains are never cut inside the span where they all started
+    parts = [[0, 4, 8], [1, 5], [2, 6, 9], [3, 7]]
+    assert grouping._runs(parts, limit=2) == [list(range(10))]
+    assert grouping._runs(parts, limit=4) == parts
+
+    def lowered():
+        keras.utils.set_random_seed(0)
+        inp = keras.Input((STEPS, WIDTH))
+        out = keras.layers.Dense(3, name="logits")(MixedScan(150, name="mixed")(inp))
+        return lower(keras.Model(inp, out), XENT, *specs(), level="auto", gradient_nodes=True)
+
+    capped = lowered()
+    assert capped.metadata["split_workspace_nodes"]
+    # the composite splits fill the graph up to their limit, no further
+    assert capped.graph.n <= grouping.AUTO_OP_NODE_LIMIT + 10
+    monkeypatch.setattr(grouping, "SPLIT_MAX_PARTS", 10 ** 6)
+    # one part per chain of the unrolled recurrence's backward node: 840 nodes
+    assert lowered().graph.n > grouping.AUTO_OP_NODE_LIMIT + 100

@@ -66,7 +66,8 @@ __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "laye
            "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
            "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION",
-           "split_composite_layers", "AUTO_OP_NODE_LIMIT", "COMPOSITE_OWN_NODES"]
+           "split_composite_layers", "AUTO_OP_NODE_LIMIT", "COMPOSITE_OWN_NODES",
+           "SPLIT_MAX_PARTS"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
@@ -97,6 +98,10 @@ AUTO_OP_NODE_LIMIT = 600
 # recurrence in the time-mixing layer's call(): one node per op gave 5027 nodes, on which no strategy
 # found a schedule at 50% of checkpoint-all within 180 s.
 COMPOSITE_OWN_NODES = 128
+# The most parts a layer node with a large workspace is split into (one per chain of ops up to this
+# many; beyond, runs of consecutive chains): the backward node of RWKV-7's unrolled recurrence holds
+# thousands of ops, which one node each made 3772 nodes of a 343-node graph.
+SPLIT_MAX_PARTS = 128
 
 
 @dataclass
@@ -614,12 +619,33 @@ def _with_parts(groups: list[Group], parts: Mapping[int, Sequence[Sequence[int]]
     return out
 
 
+def _runs(parts: Sequence[Sequence[int]], limit: int | None = None) -> list[list[int]]:
+    """``parts`` of one group, or, when they are more than ``limit`` (default :data:`SPLIT_MAX_PARTS`),
+    about ``limit`` runs of the group's ops in creation order, each cut where a part starts. Runs of a
+    topological order depend only on the runs before them (parts of interleaved chains merged by first
+    op would depend on each other, and merging those cycles left 9 nodes of 600 ops); a chain cut by a
+    run's end counts its buffer on both sides, which overstates the memory, never understates it."""
+    limit = SPLIT_MAX_PARTS if limit is None else limit
+    if len(parts) <= limit:
+        return [list(p) for p in parts]
+    starts = {min(p) for p in parts if p}
+    ops = sorted(i for p in parts for i in p)
+    size = -(-len(ops) // limit)
+    runs: list[list[int]] = []
+    for i in ops:
+        if not runs or (len(runs[-1]) >= size and i in starts):
+            runs.append([])
+        runs[-1].append(i)
+    return runs
+
+
 def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: Graph,
                            workspace: Sequence[int], order: Sequence[int], op_graph: OpGraph | None = None,
                            keep_tensors: frozenset[str] = frozenset()) -> tuple[list[Group], list[str]]:
     """Split each layer node whose new workspace is large (see the module docstring) into one group
-    per op, or, with ``op_graph``, per chain of ops that write into one buffer (:func:`in_place_chains`);
-    also the names of the split groups."""
+    per op, or, with ``op_graph``, per chain of ops that write into one buffer (:func:`in_place_chains`),
+    at most :data:`SPLIT_MAX_PARTS` groups a node (runs of consecutive ones beyond); also the names of
+    the split groups."""
     from checkmate.solvers import checkpoint_all_peak
 
     activations = checkpoint_all_peak(graph) - graph.fixed_mem
@@ -631,8 +657,8 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
             split.add(group)
     if not split:
         return groups, []
-    out = _with_parts(groups, {k: in_place_chains(groups[k].ops, infos, op_graph, keep_tensors)
-                               if op_graph is not None else [[i] for i in sorted(groups[k].ops)]
+    out = _with_parts(groups, {k: _runs(in_place_chains(groups[k].ops, infos, op_graph, keep_tensors)
+                                        if op_graph is not None else [[i] for i in sorted(groups[k].ops)])
                                for k in split}, infos)
     if op_graph is not None:
         # a chain takes in the ops between its members in the layer's order; an op outside the chain
