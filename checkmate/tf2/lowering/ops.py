@@ -295,7 +295,8 @@ def _tensor_list_size(t, memo: dict):
         index = t.value_index if kind == "IdentityN" else 0
         inner = _tensor_list_size(op.inputs[index], memo) if op.inputs else None
         if inner is not None and kind in _LIST_GROWING_TYPES:
-            item = tensor_bytes(op.inputs[1] if kind == "TensorListPushBack" else op.inputs[-1])
+            # SetItem(list, index, item); PushBack(list, item); ScatterIntoExistingList(list, items, indices)
+            item = tensor_bytes(op.inputs[2] if kind == "TensorListSetItem" else op.inputs[1])
             if item is None:
                 inner = None
             else:
