@@ -137,6 +137,9 @@ def import_tensorflow_quietly() -> None:
 
     if "tensorflow" in sys.modules:
         return
+    from checkmate.kernels import prefer_onednn
+
+    prefer_onednn()     # the CPU kernels whose temporaries the plan accounts for (checkmate.kernels)
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as held:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import importlib
 
-from checkmate.tf2.lowered import LoweredGraph
+from checkmate.kernels import prefer_onednn
+
+# before TensorFlow starts: the CPU kernels whose temporaries the plan accounts for (checkmate.kernels)
+prefer_onednn()
+
+from checkmate.tf2.lowered import LoweredGraph  # noqa: E402
 
 __all__ = ["LoweredGraph", "lower", "zoo", "build_model", "lowering", "profiling",
            "compile", "compile_lowered", "CompiledStep", "RematModel", "measure_peak_memory", "generate", "codegen",

@@ -248,3 +248,15 @@ def keras_train_function(model: object, step_function: Callable):
         return model._make_function(step_function)
     finally:
         model._jit_compile = previous
+
+
+def onednn_enabled() -> bool | None:
+    """Whether TensorFlow runs oneDNN's CPU kernels (TF 2.21: the private
+    ``tensorflow.python.util._pywrap_util_port.IsMklEnabled``, what its start-up notice "oneDNN custom
+    operations are on" reports); None when this TensorFlow does not say."""
+    try:
+        from tensorflow.python.util import _pywrap_util_port
+
+        return bool(_pywrap_util_port.IsMklEnabled())
+    except (ImportError, AttributeError):
+        return None

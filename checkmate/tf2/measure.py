@@ -143,7 +143,13 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
 def allocator_note(device: str) -> str | None:
     """A caveat about the CPU allocator's statistics, or None when the allocator counts every
     allocation (the BFC allocator, on CPU or GPU)."""
-    if not device.upper().startswith("CPU") or os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true"):
+    from checkmate.tf2.memory import onednn_note
+
+    if not device.upper().startswith("CPU"):
         return None
-    return ("TF's default CPU allocator counts only allocations of 256 KiB or more; TF_CPU_ALLOCATOR_USE_BFC=true "
+    kernels = onednn_note()
+    if os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true"):
+        return kernels
+    note = ("TF's default CPU allocator counts only allocations of 256 KiB or more; TF_CPU_ALLOCATOR_USE_BFC=true "
             "(the default of checkmate compile and max-batch) counts every one")
+    return note if kernels is None else f"{note}; {kernels}"

@@ -86,7 +86,7 @@ import tensorflow as tf
 _CPU_BFC_AT_IMPORT = os.environ.get("TF_CPU_ALLOCATOR_USE_BFC", "").lower() in ("1", "true")
 
 __all__ = ["measure_peak_memory", "PeakMeasurement", "measure_step", "default_device", "counts_every_allocation",
-           "available_device_memory"]
+           "available_device_memory", "onednn_note"]
 
 
 def default_device() -> str:
@@ -195,3 +195,21 @@ def available_device_memory(device: str | None = None) -> int:
             in_use = int(tf.config.experimental.get_memory_info(device)["current"])
             return max(0, int(total * _GPU_SAFETY_FRACTION) - in_use)
     return _cpu_available_bytes()
+
+
+def onednn_note() -> str | None:
+    """A sentence for a CPU step when TensorFlow runs without oneDNN's kernels on an x86 CPU (imported
+    before checkmate with the variable unset, or with it set to 0); None otherwise or when unknown."""
+    import platform
+
+    from checkmate.kernels import ONEDNN_ENV, X86_MACHINES
+    from checkmate.tf2 import _compat
+
+    if platform.machine().lower() not in X86_MACHINES:
+        return None
+    enabled = _compat.onednn_enabled()
+    if enabled is None or enabled:
+        return None
+    return ("TensorFlow runs Eigen's CPU kernels here (oneDNN's are off), whose convolution gradients "
+            "allocate workspaces the plan does not count: measured peaks can be far above the plan; set "
+            f"{ONEDNN_ENV}=1 before TensorFlow is imported")

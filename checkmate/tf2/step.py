@@ -383,6 +383,7 @@ class CompiledStep:
             *([] if self.verified_step_peak_bytes is not None else [
                 "  allocator       the predicted peak counts tensors; a measured peak also counts the "
                 "allocator's rounding of them to its chunks (not checked: a budget in bytes runs the step)"]),
+            *([f"  kernels         {note}"] if (note := _kernels_note()) else []),
             f"  cost model      {cost_model_description(self.lowered)}",
             f"  overhead        {p.overhead:.3f}x predicted ({p.recompute_count} recomputations)"
             + (f"; measured {self.measured.ratio:.3f}x the plain step ({self.measured.describe()})"
@@ -416,6 +417,13 @@ class CompiledStep:
     def __repr__(self) -> str:
         return (f"CompiledStep(strategy={self.strategy!r}, nodes={self.graph.n}, "
                 f"predicted_peak={self.predicted.peak_memory_bytes}, overhead={self.predicted.overhead:.3f})")
+
+
+def _kernels_note() -> str | None:
+    """:func:`checkmate.kernels.onednn_note` for a step that runs on the CPU (no GPU visible)."""
+    from checkmate.tf2.memory import onednn_note
+
+    return None if tf.config.list_physical_devices("GPU") else onednn_note()
 
 
 # A budget in bytes (or "auto") is a real memory limit, and the allocator rounds requests up to whole
