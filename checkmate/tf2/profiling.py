@@ -165,7 +165,9 @@ def cache_dir(path: "str | os.PathLike | None" = None) -> Path:
 
 def device_description() -> str:
     """The device kernels run on by default: GPU model when there is one, else the CPU model, plus the
-    TF version and intra-op thread setting (both change timings)."""
+    TF version and intra-op thread setting (both change timings), and ``kernels=eigen`` for a CPU
+    whose TensorFlow runs Eigen's kernels rather than oneDNN's (checkmate.kernels), which cost
+    otherwise."""
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         try:
@@ -176,7 +178,8 @@ def device_description() -> str:
     else:
         device = f"CPU {_cpu_model()}"
     threads = tf.config.threading.get_intra_op_parallelism_threads()
-    return f"{device} | tensorflow {tf.__version__} | intra_op_threads={threads or 'default'}"
+    kernels = " | kernels=eigen" if not gpus and _compat.onednn_enabled() is False else ""
+    return f"{device} | tensorflow {tf.__version__} | intra_op_threads={threads or 'default'}{kernels}"
 
 
 def _cpu_model() -> str:

@@ -51,3 +51,14 @@ def test_tensorflow_imported_first_keeps_its_default():
     assert got["env"] is None
     # TF's own default: oneDNN on CPUs with AVX-512, Eigen elsewhere; the note says which
     assert (got["note"] is None) == bool(got["onednn"])
+
+
+def test_profiles_are_cached_apart_for_eigen_kernels():
+    code = "from checkmate.tf2 import profiling; print(profiling.device_description())"
+    environment = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    described = {}
+    for value in ("0", "1"):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True,
+                             env={**environment, "TF_ENABLE_ONEDNN_OPTS": value}).stdout
+        described[value] = out.strip().splitlines()[-1]
+    assert described["0"].endswith(" | kernels=eigen") and "kernels=" not in described["1"]
