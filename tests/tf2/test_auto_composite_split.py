@@ -1,5 +1,6 @@
 """level="auto" splits the layer nodes inside composite layers (a transformer block) into op nodes
-while the graph stays within AUTO_OP_NODE_LIMIT nodes; layers outside composites keep one node."""
+while the graph stays within AUTO_OP_NODE_LIMIT nodes; layers outside composites keep one node, except
+that a layer's non-linear activation that does not run in place (GELU) gets nodes of its own."""
 
 from __future__ import annotations
 
@@ -81,16 +82,51 @@ def test_the_split_stops_at_the_node_limit(monkeypatch):
     assert base < limited.graph.n <= base + 6
 
 
-def test_a_model_of_plain_layers_keeps_the_layer_graph():
+def plain_model():
     keras.utils.set_random_seed(0)
     inputs = keras.Input((SEQ, WIDTH))
     h = keras.layers.Dense(4 * WIDTH, activation="gelu", name="up")(inputs)
-    m = keras.Model(inputs, keras.layers.Dense(8, name="head")(h))
+    h = keras.layers.Dense(2 * WIDTH, activation="relu", name="mid")(h)
+    return keras.Model(inputs, keras.layers.Dense(8, name="head")(h))
+
+
+def test_a_model_of_plain_layers_keeps_the_layer_graph_but_splits_at_a_gelu():
+    m = plain_model()
     low = lowered(m)
     layer = checkmate.tf2.lower(m, LOSS, *SPECS, level="layer", gradient_nodes=True, cost_model="flops")
     assert not any("inside it one node per op" in line for line in low.metadata.get("split_layers") or ())
-    for name in ("up", "head"):
+    # a linear layer and a ReLU (written in place after BiasAdd: one chain) keep their nodes
+    for name in ("mid", "head"):
         assert layer_nodes(low.graph, name) == layer_nodes(layer.graph, name)
+    # the GELU's temporaries become values of their own, apart from the matmul's output
+    assert len(layer_nodes(low.graph, "up")) > len(layer_nodes(layer.graph, "up"))
+    assert any("activation split at it" in line and line.endswith("up") for line in low.metadata["split_layers"])
+    ops = lambda lw: sorted(op for node in lw.node_ops for op in node)
+    assert ops(low) == ops(layer)
+
+
+def test_the_activation_split_stops_at_the_node_limit(monkeypatch):
+    monkeypatch.setattr(grouping, "AUTO_OP_NODE_LIMIT", 0)
+    low = lowered(plain_model())
+    assert not any("activation split at it" in line for line in low.metadata.get("split_layers") or ())
+    assert layer_nodes(low.graph, "up") == ["up", "up:saved"]
+
+
+def test_a_split_activation_trains_as_keras():
+    m = plain_model()
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((BATCH, SEQ, WIDTH)).astype("float32")
+    y = rng.integers(0, 8, (BATCH, SEQ)).astype("int32")
+    step = checkmate.tf2.compile(m, LOSS, keras.optimizers.SGD(0.1), *SPECS, budget="90%", cost_model="flops")
+    assert any("activation split at it" in line for line in step.lowered.metadata["split_layers"])
+    assert step.predicted.peak_memory_bytes <= step.result.budget_bytes
+    got_loss, got = step.gradients(x, y)
+    with tf.GradientTape() as tape:
+        want_loss = LOSS(y, m(x, training=True))
+    want = tape.gradient(want_loss, m.trainable_variables)
+    np.testing.assert_allclose(float(got_loss), float(want_loss), rtol=1e-6)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.numpy(), w.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_op_nodes_inside_composites_train_as_keras():

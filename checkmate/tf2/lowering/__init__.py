@@ -188,7 +188,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
             graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
         if level == "auto":
-            groups, fine_nodes = split_composite_layers(groups, infos, op_graph, composites, keep)
+            groups, fine_nodes = split_composite_layers(groups, infos, op_graph, composites, keep,
+                                                        activation_layers=traced.activation_calls)
             if fine_nodes:
                 graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
                                                                          accounting_level, label, fixed,
@@ -236,9 +237,14 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
     for name in fine_nodes:
         owner = max((c for c in composites if name.startswith(c + "/")), key=len, default="")
         inside.setdefault(owner, []).append(name[len(owner) + 1:] if owner else name)
+    activations = sorted({n.split(":")[0] for n in inside.pop("", [])})
     lines += [f"{owner}: {len(names)} layer node(s) inside it one node per op (finer choices and exact "
               f"temporaries for the plan, the graph within {AUTO_OP_NODE_LIMIT} nodes): {', '.join(names)}"
               for owner, names in sorted(inside.items())]
+    if activations:
+        lines.append(f"{len(activations)} layer node(s) with a non-linear activation split at it (the "
+                     f"activation's values recomputable without the layer's matmul or convolution): "
+                     f"{', '.join(activations)}")
     lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
               "would stay resident to the end of the step)" for name in value_nodes]
     return tuple(lines)

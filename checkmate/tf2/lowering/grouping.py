@@ -699,7 +699,8 @@ def split_large_outputs(groups: list[Group], infos: Sequence[OpInfo], graph: Gra
 
 def split_composite_layers(groups: list[Group], infos: Sequence[OpInfo], op_graph: OpGraph,
                            composites: Mapping[str, int], keep_tensors: frozenset[str] = frozenset(),
-                           max_nodes: int | None = None) -> tuple[list[Group], list[str]]:
+                           max_nodes: int | None = None, activation_layers: frozenset[str] = frozenset()
+                           ) -> tuple[list[Group], list[str]]:
     """level="auto": split the layer nodes inside composite layers (a nested model, a transformer block,
     an attention layer) into one group per chain of ops that write into one buffer
     (:func:`in_place_chains`), while the graph stays within ``max_nodes`` (default
@@ -709,16 +710,27 @@ def split_composite_layers(groups: list[Group], infos: Sequence[OpInfo], op_grap
     holds temporaries the plan cannot free separately and offers the solver one choice where an op
     graph offers several cheap ones (recompute the activation, keep the matmul). Layers are split
     largest first (by the bytes their ops produce), so that a graph too large to split whole gets the
-    finer nodes where the memory is."""
+    finer nodes where the memory is.
+
+    The forward nodes of the layers in ``activation_layers`` (layers anywhere whose own ``activation``
+    is not linear: a Dense with activation="gelu") are split the same way: the matmul's output and
+    the activation's temporaries (erf's, a sigmoid's) become separate values, so that a plan can keep
+    the one and recompute the others cheaply, as ``keras.RematScope(mode="activations")`` does. An
+    activation that runs in place (ReLU after BiasAdd) makes one chain and leaves its node whole."""
     limit = AUTO_OP_NODE_LIMIT if max_nodes is None else max_nodes
     prefixes = tuple(c + "/" for c in composites)
-    if not prefixes:
+    if not prefixes and not activation_layers:
         return groups, []
     candidates = []
     for k, g in enumerate(groups):
-        if len(g.ops) < 2 or not g.layer or not g.layer.startswith(prefixes):
+        if len(g.ops) < 2 or not g.layer:
+            continue
+        inside = bool(prefixes) and g.layer.startswith(prefixes)
+        if not inside and not (g.layer in activation_layers and not g.backward):
             continue
         parts = in_place_chains(g.ops, infos, op_graph, keep_tensors)
+        if not inside and sum(1 for p in parts if any(infos[i].op.type not in _VIEW_OPS for i in p)) < 2:
+            continue    # one buffer besides views of the layer's input (a Dense's Reshape): nothing to free
         if len(parts) > 1:
             candidates.append((sum(infos[i].bytes for i in g.ops), k, parts))
     count = len(groups)

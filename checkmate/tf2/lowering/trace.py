@@ -60,6 +60,10 @@ class TracedStep:
     # tf.IndexedSlices (an untied embedding's), whose grad_tensors entry is then its values; None for
     # a dense gradient. Empty: every gradient is dense.
     grad_indices: tuple[str | None, ...] = ()
+    # the recorded layer calls (names as in layer_calls) of layers with a non-linear ``activation``
+    # (a Dense or Conv with activation="gelu", an Activation layer): level="auto" may give the
+    # activation's ops nodes of their own
+    activation_calls: frozenset[str] = frozenset()
 
     @property
     def gradient_outputs(self) -> tuple[str, ...]:
@@ -307,6 +311,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         optimizer.build(list(variables))
     marks: dict[str, Any] = {}
     calls: list[tuple[str, int, int]] = []
+    activations: set[str] = set()
 
     def step(x, y):
         marks["model_start"] = _compat.current_graph_op_count()
@@ -347,7 +352,8 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
 
     def trace():
         # the fused calls go in first, so that the layer-call watcher wraps them and attributes their ops
-        with _fused_batch_norm(model, fused_batch_norm), _watch_layer_calls(model, calls, nested=nested):
+        with _fused_batch_norm(model, fused_batch_norm), _watch_layer_calls(model, calls, nested=nested,
+                                                                            activations=activations):
             return tf.function(step).get_concrete_function(input_spec, label_spec)
 
     # Under a strategy the step is one replica's: traced in a replica context, it reads that replica's
@@ -375,6 +381,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         distribution=distribution,
         capture_variables=_capture_variables(function, distribution, candidates),
         grad_indices=marks["grad_indices"],
+        activation_calls=frozenset(activations),
     )
 
 
@@ -406,6 +413,15 @@ _NO_CALL = object()
 _SUBSTITUTE_MARK = "_checkmate_traced_substitute"
 
 
+def has_activation(layer: Any) -> bool:
+    """Whether ``layer`` applies a non-linear ``activation`` attribute of its own (Keras' Dense, Conv
+    and Activation layers keep it there; ``linear`` is none)."""
+    act = getattr(layer, "activation", None)
+    if not callable(act) or isinstance(act, type):
+        return False
+    return getattr(act, "__name__", None) not in ("linear", None)
+
+
 class _watch_layer_calls(_instance_calls):
     """Record, while tracing, which ops each top-level layer call creates.
 
@@ -416,9 +432,10 @@ class _watch_layer_calls(_instance_calls):
     ``#3``..., so that every call is a node of its own.
     """
 
-    def __init__(self, model: Any, calls: list, nested: bool = False):
+    def __init__(self, model: Any, calls: list, nested: bool = False, activations: set | None = None):
         super().__init__(model)
         self.calls = calls
+        self.activations = activations if activations is not None else set()
         self.nested = nested
         self.stack: list[str] = []
         self.seen_paths: dict[str, int] = {}
@@ -434,7 +451,7 @@ class _watch_layer_calls(_instance_calls):
                 continue
             original = layer.call
 
-            def wrapped(*args, __original=original, __name=layer.name, **kwargs):
+            def wrapped(*args, __original=original, __name=layer.name, __act=has_activation(layer), **kwargs):
                 start = _compat.current_graph_op_count()
                 name = __name
                 if self.nested:
@@ -449,6 +466,8 @@ class _watch_layer_calls(_instance_calls):
                     if self.nested:
                         self.stack.pop()
                     self.calls.append((name, start, _compat.current_graph_op_count()))
+                    if __act:
+                        self.activations.add(name)
 
             self._set_call(layer, wrapped)
         return self
