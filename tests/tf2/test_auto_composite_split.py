@@ -105,6 +105,20 @@ def test_a_model_of_plain_layers_keeps_the_layer_graph_but_splits_at_a_gelu():
     assert ops(low) == ops(layer)
 
 
+def test_an_activation_layer_keeps_its_node():
+    """An Activation layer is only its activation: its node is the activation's already, and splitting
+    it would part a SiLU's sigmoid from its product (one fused kernel under Grappler)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((SEQ, WIDTH))
+    h = keras.layers.Dense(4 * WIDTH, name="up")(inputs)
+    h = keras.layers.Activation("silu", name="act")(h)
+    m = keras.Model(inputs, keras.layers.Dense(8, name="head")(h))
+    low = lowered(m)
+    layer = checkmate.tf2.lower(m, LOSS, *SPECS, level="layer", gradient_nodes=True, cost_model="flops")
+    assert layer_nodes(low.graph, "act") == layer_nodes(layer.graph, "act")
+    assert not any("activation split at it" in line for line in low.metadata.get("split_layers") or ())
+
+
 def test_the_activation_split_stops_at_the_node_limit(monkeypatch):
     monkeypatch.setattr(grouping, "AUTO_OP_NODE_LIMIT", 0)
     low = lowered(plain_model())

@@ -61,8 +61,8 @@ class TracedStep:
     # a dense gradient. Empty: every gradient is dense.
     grad_indices: tuple[str | None, ...] = ()
     # the recorded layer calls (names as in layer_calls) of layers with a non-linear ``activation``
-    # (a Dense or Conv with activation="gelu", an Activation layer): level="auto" may give the
-    # activation's ops nodes of their own
+    # after work of their own (a Dense or Conv with activation="gelu"; not an Activation layer):
+    # level="auto" may give the activation's ops nodes of their own
     activation_calls: frozenset[str] = frozenset()
 
     @property
@@ -414,10 +414,14 @@ _SUBSTITUTE_MARK = "_checkmate_traced_substitute"
 
 
 def has_activation(layer: Any) -> bool:
-    """Whether ``layer`` applies a non-linear ``activation`` attribute of its own (Keras' Dense, Conv
-    and Activation layers keep it there; ``linear`` is none)."""
+    """Whether ``layer`` applies a non-linear ``activation`` attribute of its own after work of its
+    own (Keras' Dense and Conv layers keep it there; ``linear`` is none). A layer without weights (an
+    ``Activation`` layer) is only its activation: its node is already the activation's, and splitting
+    it would separate the parts of one kernel that TensorFlow fuses (a SiLU's sigmoid and product)."""
     act = getattr(layer, "activation", None)
     if not callable(act) or isinstance(act, type):
+        return False
+    if not getattr(layer, "weights", None):
         return False
     return getattr(act, "__name__", None) not in ("linear", None)
 
