@@ -29,6 +29,10 @@ Writes experiments/results/realworld.csv and realworld.md (the table and the com
 
     python experiments/realworld.py                          # every model (~30-60 min on 2 CPU cores)
     python experiments/realworld.py --models gpt2,resnet50 --epochs 3
+
+By name only (:data:`EXTRA_MODELS`): MobileNetV2, DeiT, BART and T5 (``Seq2SeqLM``: encoder and
+decoder tokens), DeBERTa-v3 and XLM-RoBERTa classifiers, Mistral, Mixtral (4 experts), Falcon, Bloom,
+Qwen3, Phi-3 and GPT-NeoX causal LMs.
 """
 
 from __future__ import annotations
@@ -149,6 +153,39 @@ def gemma():
     return hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
+def _causal_lm_of(family: str, **heads):
+    """A KerasHub ``<family>CausalLM`` on a small random-init backbone (2 layers), the backbone's own
+    names for its head counts in ``heads``."""
+    def build():
+        hub = _hub()
+        backbone = getattr(hub.models, f"{family}Backbone")(vocabulary_size=VOCAB, num_layers=2, hidden_dim=HIDDEN,
+                                                            intermediate_dim=2 * HIDDEN, **heads)
+        return getattr(hub.models, f"{family}CausalLM")(backbone=backbone, preprocessor=None)
+    return build
+
+
+def bart():
+    hub = _hub()
+    backbone = hub.models.BartBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                       intermediate_dim=2 * HIDDEN, max_sequence_length=SEQUENCE)
+    return hub.models.BartSeq2SeqLM(backbone=backbone, preprocessor=None)
+
+
+def t5():
+    hub = _hub()
+    backbone = hub.models.T5Backbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                     intermediate_dim=2 * HIDDEN)
+    return hub.models.T5Seq2SeqLM(backbone=backbone, preprocessor=None)
+
+
+def deberta():
+    return _text_classifier("DebertaV3")
+
+
+def xlm_roberta():
+    return _text_classifier("XLMRoberta")
+
+
 # keras.applications models that refuse inputs below a size of their own (InceptionV3: 75, Xception: 71)
 IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75}
 
@@ -189,10 +226,21 @@ MODELS = {
 EXTRA_MODELS = {
     "mobilenetv2": (_application("MobileNetV2"), "image"),
     "deit": (deit, "image"),
+    "bart": (bart, "seq2seq"),
+    "t5": (t5, "seq2seq"),
+    "deberta": (deberta, "distilbert"),
+    "xlmr": (xlm_roberta, "distilbert"),
+    "mistral": (_causal_lm_of("Mistral", num_query_heads=4, num_key_value_heads=2), "lm"),
+    "mixtral": (_causal_lm_of("Mixtral", num_query_heads=4, num_key_value_heads=2, num_experts=4), "lm"),
+    "falcon": (_causal_lm_of("Falcon", num_attention_heads=4), "lm"),
+    "bloom": (_causal_lm_of("Bloom", num_heads=4), "lm"),
+    "qwen3": (_causal_lm_of("Qwen3", num_query_heads=4, num_key_value_heads=2, head_dim=HIDDEN // 4), "lm"),
+    "phi3": (_causal_lm_of("Phi3", num_query_heads=4, num_key_value_heads=2), "lm"),
+    "gptneox": (_causal_lm_of("GPTNeoX", num_heads=4), "lm"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
 HUB_IMAGE_TASKS = {"vit", "deit"}
-TRANSFORMERS = {"lm", "bert", "distilbert"}
+TRANSFORMERS = {"lm", "bert", "distilbert", "seq2seq"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
 BUDGETS = {"inceptionv3": "70% activations", "xception": "70% activations"}
@@ -217,6 +265,12 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
         ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
         return ({"token_ids": ids, "padding_mask": np.ones_like(ids), "segment_ids": np.zeros_like(ids)},
                 rng.integers(0, 4, (n,)).astype("int32"))
+    if kind == "seq2seq":      # an encoder's and a decoder's tokens; the decoder's next tokens the labels
+        enc = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        dec = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        ones = np.ones((n, SEQUENCE), "int32")
+        return ({"encoder_token_ids": enc, "encoder_padding_mask": ones, "decoder_token_ids": dec,
+                 "decoder_padding_mask": ones}, np.roll(dec, -1, axis=1))
     if kind == "distilbert":    # no segment ids
         ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
         return {"token_ids": ids, "padding_mask": np.ones_like(ids)}, rng.integers(0, 4, (n,)).astype("int32")
