@@ -106,8 +106,8 @@ def test_a_model_of_plain_layers_keeps_the_layer_graph_but_splits_at_a_gelu():
 
 
 def test_an_activation_layer_keeps_its_node():
-    """An Activation layer is only its activation: its node is the activation's already, and splitting
-    it would part a SiLU's sigmoid from its product (one fused kernel under Grappler)."""
+    """An Activation layer is only its activation: its node is the activation's already, with no
+    matmul to recompute apart from it."""
     keras.utils.set_random_seed(0)
     inputs = keras.Input((SEQ, WIDTH))
     h = keras.layers.Dense(4 * WIDTH, name="up")(inputs)

@@ -416,8 +416,8 @@ _SUBSTITUTE_MARK = "_checkmate_traced_substitute"
 def has_activation(layer: Any) -> bool:
     """Whether ``layer`` applies a non-linear ``activation`` attribute of its own after work of its
     own (Keras' Dense and Conv layers keep it there; ``linear`` is none). A layer without weights (an
-    ``Activation`` layer) is only its activation: its node is already the activation's, and splitting
-    it would separate the parts of one kernel that TensorFlow fuses (a SiLU's sigmoid and product)."""
+    ``Activation`` layer) is only its activation: its node is already the activation's, with no
+    matmul or convolution to recompute apart from it, and splitting it would only add nodes."""
     act = getattr(layer, "activation", None)
     if not callable(act) or isinstance(act, type):
         return False
