@@ -32,7 +32,8 @@ Writes experiments/results/realworld.csv and realworld.md (the table and the com
 
 By name only (:data:`EXTRA_MODELS`): MobileNetV2, DeiT, BART and T5 (``Seq2SeqLM``: encoder and
 decoder tokens), DeBERTa-v3 and XLM-RoBERTa classifiers, Mistral, Mixtral (4 experts), Falcon, Bloom,
-Qwen3, Phi-3 and GPT-NeoX causal LMs.
+Qwen3, Phi-3 and GPT-NeoX causal LMs; KerasHub's ResNet and DenseNet classifiers; keras.applications
+EfficientNetB2, MobileNetV3Large, ResNet50V2, ConvNeXtSmall and DenseNet169.
 """
 
 from __future__ import annotations
@@ -186,6 +187,23 @@ def xlm_roberta():
     return _text_classifier("XLMRoberta")
 
 
+def hub_resnet():
+    """KerasHub's ResNet classifier on a small bottleneck backbone (three stacks of two blocks)."""
+    hub = _hub()
+    backbone = hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], stackwise_num_filters=[64, 64, 128],
+        stackwise_num_blocks=[2, 2, 2], stackwise_num_strides=[1, 2, 2], block_type="bottleneck_block",
+        image_shape=(IMAGE, IMAGE, 3))
+    return hub.models.ResNetImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
+def hub_densenet():
+    """KerasHub's DenseNet classifier on a small backbone (dense blocks of 2, 4, 4 and 2 layers)."""
+    hub = _hub()
+    backbone = hub.models.DenseNetBackbone(stackwise_num_repeats=[2, 4, 4, 2], image_shape=(IMAGE, IMAGE, 3))
+    return hub.models.DenseNetImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
 # keras.applications models that refuse inputs below a size of their own (InceptionV3: 75, Xception: 71)
 IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75}
 
@@ -237,9 +255,16 @@ EXTRA_MODELS = {
     "qwen3": (_causal_lm_of("Qwen3", num_query_heads=4, num_key_value_heads=2, head_dim=HIDDEN // 4), "lm"),
     "phi3": (_causal_lm_of("Phi3", num_query_heads=4, num_key_value_heads=2), "lm"),
     "gptneox": (_causal_lm_of("GPTNeoX", num_heads=4), "lm"),
+    "hubresnet": (hub_resnet, "image"),
+    "hubdensenet": (hub_densenet, "image"),
+    "efficientnetb2": (_application("EfficientNetB2"), "image"),
+    "mobilenetv3large": (_application("MobileNetV3Large"), "image"),
+    "resnet50v2": (_application("ResNet50V2"), "image"),
+    "convnextsmall": (_application("ConvNeXtSmall"), "image"),
+    "densenet169": (_application("DenseNet169"), "image"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
-HUB_IMAGE_TASKS = {"vit", "deit"}
+HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet"}
 TRANSFORMERS = {"lm", "bert", "distilbert", "seq2seq"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
