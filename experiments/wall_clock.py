@@ -5,8 +5,10 @@ diffusion-style U-Net with GroupNorm/SiLU and skip concatenations, a residual CN
 ``checkmate.tf2.compile`` with a budget only (every other argument at its default: profiled costs,
 ``strategy="auto"``). For each budget the compiled step's gradients are timed against the plain
 traced ``tf.GradientTape`` step (Grappler on, as users run it), interleaved in one process, median of
-``--repeats`` (CompiledStep.measure_time); the predicted overhead is the schedule's cost over the
-plain cost in the profiled costs. ``100%`` is ``checkpoint_all`` (nothing recomputed).
+``--repeats`` (CompiledStep.measure_time); the predicted overhead is what ``compile`` predicts for the
+step time (``Prediction.time_overhead``: the recomputed copies priced in the generated step's own
+trace), beside the schedule's cost over the plain cost at the profiled prices (``plan_overhead``, what
+the solver minimized). ``100%`` is ``checkpoint_all`` (nothing recomputed).
 
 ``--compare`` adds, per model, what users would otherwise use, each timed interleaved with the plain
 step and measured for its step peak (bytes allocated above the parameters and batch):
@@ -68,7 +70,7 @@ from common import write_csv  # noqa: E402
 
 RESULTS = HERE / "results"
 DEFAULT_BUDGETS = ("100%", "70%", "50%")
-FIELDS = ["model", "nodes", "budget", "strategy", "predicted_overhead", "measured_ratio", "measured_cpu_ratio",
+FIELDS = ["model", "nodes", "budget", "strategy", "predicted_overhead", "plan_overhead", "measured_ratio", "measured_cpu_ratio",
           "ratio_error", "predicted_step_peak_bytes", "measured_step_peak_bytes", "plain_step_peak_bytes",
           "step_ms", "plain_ms", "recomputations", "cost_model", "compile_s", "load_1min", "step_minor_faults",
           "plain_minor_faults", "step_major_faults", "plain_major_faults", "step_voluntary_switches",
@@ -352,9 +354,10 @@ def run_budgets(name: str, budgets, repeats: int, time_limit_s=None, counters: b
             plain_peak = step_peak(step.lowered.function, x, y)
         measured = step.measure_time(x, y, repeats=repeats)
         ratio = measured.ratio
-        predicted = step.predicted.overhead
+        predicted = step.predicted.time_overhead
         row.update(nodes=step.graph.n, strategy=step.strategy,
-                   predicted_overhead=round(predicted, 4), measured_ratio=round(ratio, 4),
+                   predicted_overhead=round(predicted, 4), plan_overhead=round(step.predicted.overhead, 4),
+                   measured_ratio=round(ratio, 4),
                    measured_cpu_ratio=round(measured.cpu_ratio, 4) if measured.cpu_ratio else None,
                    ratio_error=round(ratio / predicted - 1.0, 4),
                    predicted_step_peak_bytes=step.predicted.step_peak_bytes,
@@ -420,7 +423,7 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
     heuristics.append(record("keras.RematScope(activations)", tape_step(scoped, loss)))
     heuristics.append(record("tf.recompute_grad per block", tape_step(model, loss, blocks_forward=forward)))
     chen = ct.compile(model, loss, keras.optimizers.SGD(), xs, ys, budget="100%", strategy="chen_sqrtn")
-    heuristics.append(record("chen_sqrtn", chen.function.call_flat, predicted=chen.predicted.overhead))
+    heuristics.append(record("chen_sqrtn", chen.function.call_flat, predicted=chen.predicted.time_overhead))
     resident = resident_bytes(chen.lowered)
     for h in heuristics:
         budget = int(h["measured_step_peak_bytes"] + resident)
@@ -439,7 +442,7 @@ def run_compare(name: str, repeats: int, time_limit_s=None) -> list[dict]:
               f"{p.step_peak_bytes / 2 ** 20:.2f} MiB, checked at "
               + ("-" if step.verified_step_peak_bytes is None else f"{step.verified_step_peak_bytes / 2 ** 20:.2f} MiB")
               + f", {step.strategy}: {step.result.status}", flush=True)
-        record(method, step.function.call_flat, budget, step.predicted.overhead)
+        record(method, step.function.call_flat, budget, step.predicted.time_overhead)
     # every step's peak again, all of them in turn (the same allocation history): the table's figure
     peaks = interleaved_peaks([plain, *steps], x, y)
     measured = [r for r in rows if r.get("status") == "ok"]
@@ -626,7 +629,7 @@ def trace_copies(name: str, budgets, repeats: int, time_limit_s=None) -> list[di
                    "copy_over_plain": round(float(copy.sum() / max((extra * plain).sum(), 1e-9)), 3),
                    "plain_side_by_side": round(float(plain_b[extra > 0].sum() / max(plain[extra > 0].sum(), 1e-9)), 2),
                    "copy_side_by_side": round(float(copy_b.sum() / max(copy.sum(), 1e-9)), 2),
-                   "predicted_overhead": round(step.predicted.overhead, 4),
+                   "predicted_overhead": round(step.predicted.time_overhead, 4),
                    "plain_priced_overhead": round(1.0 + float((extra * plain).sum() / total), 4),
                    "traced_step_ratio": round(float(np.median(np.concatenate(gen_run))
                                                     / np.median(np.concatenate(plain_run))), 4),
@@ -704,7 +707,10 @@ def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
     lines += [
              "Ratios are to the plain traced GradientTape step (Grappler on), interleaved in one process, "
              "median of the repeats; CPU is the same ratio in process CPU time (robust to other processes "
-             "on a shared machine). Peaks are step peaks in MiB (above parameters and batch)."]
+             "on a shared machine). Predicted: the step-time ratio compile predicts (the recomputations "
+             "priced in the generated step's own trace); plan's cost: the schedule's cost at the plain "
+             "step's profiled prices (what the solver minimized). Peaks are step peaks in MiB (above "
+             "parameters and batch)."]
     counted = any(r.get("step_minor_faults") not in (None, "") for r in rows)
     if counted:
         lines += ["", "Faults and switches: the per-call medians of the process's minor page faults and voluntary "
@@ -712,12 +718,12 @@ def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
                   "when the row was measured."]
     extra_head = " faults / call | switches / call | load |" if counted else ""
     if rows:
-        lines += ["", "| model | budget | strategy | nodes | predicted | measured | CPU | error | peak (pred.) "
-                  "| peak (meas.) | plain peak | compile s |" + extra_head,
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if counted else "")]
+        lines += ["", "| model | budget | strategy | nodes | predicted | plan's cost | measured | CPU | error "
+                  "| peak (pred.) | peak (meas.) | plain peak | compile s |" + extra_head,
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if counted else "")]
     for r in rows:
         if r.get("status") != "ok":
-            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |"
+            lines.append(f"| {r['model']} | {r['budget']} | {r.get('status')} |  |  |  |  |  |  |  |  |  |  |"
                          + ("  |  |  |" if counted else ""))
             continue
         extra = ""
@@ -727,7 +733,7 @@ def markdown(rows: list[dict], compare: list[dict], meta: dict) -> str:
                      f"{_fmt(r.get('plain_voluntary_switches'), '{:.0f}')} | {_fmt(r.get('load_1min'), '{:.1f}')} |")
         lines.append(
             f"| {r['model']} | {r['budget']} | {r['strategy']} | {r['nodes']} | {_fmt(r['predicted_overhead'])} | "
-            f"{_fmt(r['measured_ratio'])} | {_fmt(r['measured_cpu_ratio'])} | {_fmt(r['ratio_error'], '{:+.1%}')} | "
+            f"{_fmt(r.get('plan_overhead'))} | {_fmt(r['measured_ratio'])} | {_fmt(r['measured_cpu_ratio'])} | {_fmt(r['ratio_error'], '{:+.1%}')} | "
             f"{mib.format(float(r['predicted_step_peak_bytes']) / 2 ** 20)} | "
             f"{mib.format(float(r['measured_step_peak_bytes']) / 2 ** 20)} | "
             f"{mib.format(float(r['plain_step_peak_bytes']) / 2 ** 20)} | {r['compile_s']} |" + extra)

@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         ratio = f"{row['measured_over_predicted']:.2f}" if row["measured_over_predicted"] is not None else "-"
         print(f"{row['strategy']:<22} {format_bytes(row['predicted_peak_bytes']):>11} "
-              f"{format_bytes(row['measured_peak_bytes']):>11} {ratio:>9} {row['predicted_overhead']:>8.2f}x "
+              f"{format_bytes(row['measured_peak_bytes']):>11} {ratio:>9} {row['predicted_time_overhead']:>8.2f}x "
               f"{row['time_over_plain']:>9.2f}x {row['max_grad_diff']:>11.2e}")
     return exit_code(report["rows"])
 

@@ -275,7 +275,7 @@ class RematModel(StepTrainer):
         with status, distribution.scope() if distribution is not None else contextlib.nullcontext():
             step = compile_step(self.inner, losses.step_loss(self), self.optimizer,
                                 input_spec, label_spec, budget=self.budget, **options)
-            status.done(f"{self.inner.name} planned for batches of {batch}: overhead {step.predicted.overhead:.3f}x, "
+            status.done(f"{self.inner.name} planned for batches of {batch}: overhead {step.predicted.time_overhead:.3f}x, "
                         f"{step.strategy}" + (", optimal" if step.result.optimal else ""))
         return step
 

@@ -76,8 +76,9 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
     """Compile ``lowered`` with each strategy and measure it against the plain step (the demo's view).
 
     Returns ``{"plain": {...}, "rows": [{...} per strategy]}`` with predicted and measured peaks (step
-    peaks: bytes allocated on top of the resident parameters and batch), predicted overhead,
-    measured step time and its ratio to the plain step's, and the max gradient difference.
+    peaks: bytes allocated on top of the resident parameters and batch), predicted overhead (the
+    schedule's cost, and the step-time ratio with its recomputations priced where they run:
+    ``predicted_time_overhead``, see :func:`checkmate.tf2.step.price_in_place`), measured step time and its ratio to the plain step's, and the max gradient difference.
     ``mip_gap`` (None: the default, proven optimal) is passed to every solve. ``compiled``, when
     given, receives each strategy's :class:`~checkmate.tf2.step.CompiledStep` by name.
     """
@@ -124,7 +125,8 @@ def compare_strategies(lowered: LoweredGraph, model: Any, loss: Any, strategies:
             measured_over_predicted=measured / step.predicted.step_peak_bytes
             if step.predicted.step_peak_bytes > 0 else None,
             measured_over_plain=measured / plain_peak if plain_peak > 0 else None,
-            predicted_overhead=step.predicted.overhead, step_seconds=seconds,
+            predicted_overhead=step.predicted.overhead, predicted_time_overhead=step.predicted.time_overhead,
+            step_seconds=seconds,
             time_over_plain=seconds / plain_seconds if plain_seconds > 0 else None,
             max_grad_diff=diff_abs, max_grad_rel_diff=diff_rel,
             recomputations=step.predicted.recompute_count, op_copies=step.function.op_copies,

@@ -448,6 +448,10 @@ DEFAULT_TIME_BUDGET_S = 5.0
 OUTLIER_MADS = 3.0
 
 
+# traced runs of a generated step that price its recomputed copies in place (in_place_share)
+IN_PLACE_RUNS = 5
+
+
 def robust_median(samples: Sequence[float]) -> float:
     """Median of ``samples`` after dropping the slow outliers (more than :data:`OUTLIER_MADS` median
     absolute deviations above the median). Noise on a shared machine only ever adds time."""
@@ -835,6 +839,30 @@ def trace_op_groups(function, args: Sequence[Any], groups: Sequence[Sequence[str
             if g is not None:
                 busy[r, g] += duration * share
     return exclusive, busy, np.asarray([end - start for start, end in intervals])
+
+
+def in_place_share(function, args: Sequence[Any], first_groups: Sequence[Sequence[str]],
+                   copy_groups: Sequence[Sequence[str]], runs: int = IN_PLACE_RUNS, warmup: int = 1) -> float | None:
+    """The time a generated step spends in its recomputed copies over the time of its first copies,
+    from ``runs`` traced runs of ``function(*args)`` (:func:`trace_op_groups`): the overhead the
+    recomputations add with each copy priced where it runs.
+
+    ``first_groups`` are the ops of every node's first computation (together, the plain step's
+    work), ``copy_groups`` those of the recomputations. Both are timed in the same runs, so that the
+    profiler's own cost per op cancels from the ratio. A copy placed in the backward pass shares the
+    cores with backward ops that leave one of them idle: it takes less wall time than the same ops in
+    the plain step's forward pass, where the profile priced them (0.5-0.98 of that price in the
+    recomputations this was measured on). The ops that are neither (the step's ordering anchors and
+    identities) are left out: untraced, the plan that recomputes nothing runs as fast as the plain step.
+    Returns the :func:`robust_median` over the runs, or None when no run timed a first copy.
+    """
+    groups = [list(g) for g in first_groups] + [list(g) for g in copy_groups]
+    exclusive, _, _ = trace_op_groups(function, args, groups, runs=runs, warmup=warmup)
+    n = len(first_groups)
+    first = exclusive[:, :n].sum(axis=1)
+    copies = exclusive[:, n:].sum(axis=1)
+    shares = [c / f for c, f in zip(copies, first) if f > 0]
+    return float(robust_median(shares)) if shares else None
 
 
 def profile_nodes(function, node_ops: Sequence[Sequence[str]], input_names: Sequence[str],

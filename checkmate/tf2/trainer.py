@@ -273,7 +273,7 @@ class StepTimeReport(keras.callbacks.Callback):
         if step.distribution is not None:
             logging.getLogger("checkmate.tf2").info(
                 "checkmate: step time not measured under a tf.distribute strategy (predicted overhead %.3fx)",
-                step.predicted.overhead)
+                step.predicted.time_overhead)
             return
         data = self.remat_model._timing_batch
         measured = None
@@ -297,7 +297,7 @@ class StepTimeReport(keras.callbacks.Callback):
                 self._not_measured(step, exc)
                 return
         line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
-                f"{step.predicted.overhead:.3f}x; {measured.describe()})")
+                f"{step.predicted.time_overhead:.3f}x; {measured.describe()})")
         logging.getLogger("checkmate.tf2").info(line)
         if self.params.get("verbose", 1):
             print(line)
@@ -306,7 +306,7 @@ class StepTimeReport(keras.callbacks.Callback):
         # The plain step is what a model that needs rematerialization cannot run: out of device memory,
         # the report says so and fit() goes on with the compiled step (the variables are put back).
         line = (f"checkmate: step time not measured: the plain step does not fit in the device's memory "
-                f"({str(exc).splitlines()[0][:200]}); predicted overhead {step.predicted.overhead:.3f}x")
+                f"({str(exc).splitlines()[0][:200]}); predicted overhead {step.predicted.time_overhead:.3f}x")
         logging.getLogger("checkmate.tf2").info(line)
         if self.params.get("verbose", 1):
             print(line)
