@@ -8,7 +8,9 @@ inputs) at small random-init configurations (no download), batch 8. For each mod
 * ``RematModel(model, budget=B)`` and nothing else (a KerasHub task keeps its own ``compile()``
   defaults; a keras.applications model is compiled with SGD and its classification loss, the same
   for both runs): the graph's nodes and the level ``auto`` chose (``mixed`` when it looked inside
-  nested models or composite layers), the compile time (lowering, solving, code generation);
+  nested models or composite layers), the compile time (lowering, solving, code generation, pricing
+  the recomputations in place), the plan's cost at the budget and the step-time ratio compile
+  predicts (``Prediction.time_overhead``);
 * on the same lowered graph, the predicted overhead of the ``auto`` strategy at 50% and 25% of the
   activation memory (``"50% activations"``: the memory above what every schedule holds), or the
   smallest feasible share when that is infeasible;
@@ -61,7 +63,7 @@ VOCAB = 2000
 HIDDEN = 256
 
 FIELDS = ["model", "kind", "parameters", "budget", "nodes", "level", "split_layers", "compile_seconds",
-          "strategy_status", "overhead_at_budget", "overhead_50pct_activations", "overhead_25pct_activations",
+          "strategy_status", "overhead_at_budget", "time_overhead_at_budget", "overhead_50pct_activations", "overhead_25pct_activations",
           "measured_peak_bytes", "plain_peak_bytes", "peak_over_plain", "loss_rel_diff_batch1",
           "loss_rel_diff_batch2", "epoch_seconds", "plain_epoch_seconds", "epoch_over_plain", "epoch_cpu_seconds",
           "plain_epoch_cpu_seconds", "epoch_cpu_over_plain", "epoch_seconds_median", "plain_epoch_seconds_median",
@@ -407,6 +409,7 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
         "split_layers": len(lowered.metadata.get("split_layers") or ()),
         "compile_seconds": round(compile_s, 1), "strategy_status": step.result.status,
         "overhead_at_budget": round(step.predicted.overhead, 4),
+        "time_overhead_at_budget": round(step.predicted.time_overhead, 4),
         "overhead_50pct_activations": _activation_overhead(lowered, "50% activations", time_limit_s),
         "overhead_25pct_activations": _activation_overhead(lowered, "25% activations", time_limit_s),
         "measured_peak_bytes": remat_peak, "plain_peak_bytes": plain_peak,
@@ -430,6 +433,7 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
 
 COLUMNS = [("model", "model"), ("budget", "budget"), ("nodes", "nodes"), ("level", "level"),
            ("split_layers", "layers split"), ("compile", "compile"), ("overhead_at_budget", "overhead at budget"),
+           ("time_overhead_at_budget", "predicted step time"),
            ("overhead_50pct_activations", "overhead at 50% act."), ("overhead_25pct_activations", "at 25% act."),
            ("peak_over_plain", "peak / plain"), ("loss", "loss rel. diff (batch 1, 2)"),
            ("epoch", "epoch / plain fit"), ("epoch_cpu", "epoch CPU time / plain fit"),
@@ -461,6 +465,7 @@ def write_markdown(path: Path, rows: list[dict], command: str, commit: str | Non
         shown.append({**row, "compile": fmt_seconds(row["compile_seconds"]),
                       "overhead_at_budget": (row["overhead_at_budget"] if isinstance(row["overhead_at_budget"], str)
                                              else fmt_ratio(row["overhead_at_budget"])),
+                      "time_overhead_at_budget": fmt_ratio(row.get("time_overhead_at_budget")),
                       "loss": f"{row['loss_rel_diff_batch1']}, {row['loss_rel_diff_batch2']}",
                       "epoch": f"{fmt_ratio(row.get('epoch_over_plain'), 3)} ({row['epoch_seconds']} s vs "
                                f"{row['plain_epoch_seconds']} s; median {fmt_ratio(row.get('epoch_over_plain_median'), 3)})",
