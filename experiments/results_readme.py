@@ -1174,6 +1174,14 @@ TUNED_CONSTANTS = [
      "turn in one process, on two shared CPU cores (load average 4-6): the plan's predicted ratio was "
      "1.372-1.421x from 7 runs, 1.368-1.419x from 21 and 1.386-1.400x from 41, each profiling 1.3-5.8 s "
      "(the plan measured 1.20-1.49x wall, 1.31-1.44x CPU over seven timings: `wall_clock_fid.md`)."),
+    ("`IN_PLACE_RUNS` (`tf2/profiling.py`)", "5",
+     "Traced runs of a generated step that price its recomputations where they run (`price_in_place`), after "
+     "one untraced run: each costs a step time and the reading of its events, once per compiled plan. The share "
+     "is taken per run from the copies' and the first copies' times in the same run (the profiler's cost per op "
+     "cancels), the median over the runs. With 5 runs: every 70% and 50% row of `wall_clock_fid9.md` within 3.3% "
+     "of the measured ratio and every timing of `wall_clock_real.md` within 7.2%; a test takes 9 runs of the same "
+     "step again and checks that their share is within half the plan's overhead of it "
+     "(tests/tf2/test_in_place_price.py)."),
 ]
 
 
