@@ -569,8 +569,9 @@ def price_in_place(step: "CompiledStep", runs: int | None = None) -> float | Non
     The profile prices every node by its time in the plain step. A recomputed copy runs in the
     backward pass, beside backward ops that leave a core idle, and took 0.63-0.91 of that price in
     the plans of one trace on two CPU cores (experiments/results/wall_clock_fid8_copies.md): a
-    transformer's plan at 1.147x at the plain step's prices was 1.102x priced in place and measured
-    1.067-1.099x. The solver still minimizes the plain step's prices (:attr:`Prediction.overhead`)."""
+    transformer's plan at 1.145x at the plain step's prices was 1.099x priced in place and measured
+    1.085x (wall_clock_fid9.md). The solver still minimizes the plain step's prices
+    (:attr:`Prediction.overhead`)."""
     from checkmate.tf2 import profiling
     from checkmate.tf2.codegen import IMPORT_SCOPE, copy_name
     from checkmate.tf2.timing import _restore, _snapshot, _state_variables, random_batch
