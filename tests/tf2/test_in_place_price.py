@@ -90,7 +90,9 @@ def test_a_plan_that_recomputes_is_priced_in_its_own_trace(tmp_path):
 
     again = profiling.in_place_share(Flat(), step.function.flat_args(x, y), [g for g in first if g],
                                      [g for g in copies if g], runs=9)
-    assert again == pytest.approx(p.in_place_overhead - 1.0, abs=0.5 * (p.overhead - 1.0))
+    # another trace of the same step, on a machine whose load may change in between: the same share
+    # to within half the plan's overhead (the copies' time and the first copies' move together)
+    assert again == pytest.approx(p.in_place_overhead - 1.0, abs=max(0.5 * (p.overhead - 1.0), 0.05))
 
 
 def test_pricing_leaves_the_model_as_it_was(tmp_path):
