@@ -399,6 +399,8 @@ class CompiledStep:
             + (f", priced where they run in the generated step; {p.overhead:.3f}x at the plain step's prices)"
                if p.in_place_overhead is not None else ")")
             + (f"; measured {self.measured.ratio:.3f}x the plain step ({self.measured.describe()})"
+               + (f", where the prediction comes to {self.measured.describe_expected(p.time_overhead)}"
+                  if self.measured.gradient_seconds is not None else "")
                if self.measured is not None else "; measured: not yet (step.measure_time())"),
             f"  op copies       {self.function.op_copies} (plain step: {sum(len(o) for o in self.lowered.node_ops)})",
             f"  order           {self.function.rewritten.describe_order()}",

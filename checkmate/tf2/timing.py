@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["MeasuredTime", "measure_step_time", "interleaved_times", "interleaved_counters", "StepCounters",
            "time_step_s", "random_batch", "preserved_state",
-           "plain_train_function", "TRAIN_STEP_REFERENCE", "GRADIENTS_REFERENCE"]
+           "plain_train_function", "plain_gradients_function", "TRAIN_STEP_REFERENCE", "GRADIENTS_REFERENCE"]
 
 # What a measured ratio is against (MeasuredTime.reference)
 TRAIN_STEP_REFERENCE = "the plain traced train step (gradients and optimizer update)"
@@ -51,10 +51,36 @@ class MeasuredTime:
     repeats: int
     cpu_ratio: float | None = None   # the same ratio in process CPU time (robust to other processes)
     reference: str = TRAIN_STEP_REFERENCE    # what plain_seconds timed
+    # median of the plain traced step's gradients alone, timed in the same rounds, where the reference
+    # is a whole training step (its update, metrics and data besides the gradients); None otherwise
+    gradient_seconds: float | None = None
 
     @property
     def ratio(self) -> float:
         return self.step_seconds / self.plain_seconds if self.plain_seconds > 0 else float("nan")
+
+    @property
+    def gradient_share(self) -> float:
+        """The plain gradients' share of the reference step's time (1 when the reference is the
+        gradients themselves): the part of the step that recomputation slows down."""
+        if self.gradient_seconds is None or self.plain_seconds <= 0:
+            return 1.0
+        return float(min(1.0, max(0.0, self.gradient_seconds / self.plain_seconds)))
+
+    def expected_ratio(self, overhead: float) -> float:
+        """The step-time ratio against this measurement's reference that a predicted overhead of the
+        gradients (:attr:`Prediction.time_overhead`) comes to: the recomputations lengthen the
+        gradients' share of the step, not the optimizer's update, the metrics or the data's
+        handling, which cost the same in both steps."""
+        return 1.0 + (overhead - 1.0) * self.gradient_share
+
+    def describe_expected(self, overhead: float) -> str:
+        """``overhead`` as predicted for this measurement's reference: itself when the reference is
+        the gradients, else the ratio it comes to (:meth:`expected_ratio`) with the share it is of."""
+        if self.gradient_seconds is None:
+            return f"{overhead:.3f}x"
+        return (f"{self.expected_ratio(overhead):.3f}x for the whole step ({overhead:.3f}x on its gradients, "
+                f"{self.gradient_share:.0%} of the plain step's time)")
 
     def describe(self) -> str:
         cpu = f", CPU time {self.cpu_ratio:.3f}x" if self.cpu_ratio is not None else ""
@@ -228,18 +254,30 @@ def measure_step_time(step: "CompiledStep", x: Any = None, y: Any = None, *, rep
     if x is None or y is None:
         x, y = random_batch(step.lowered, step.model)
     flat = step.function.flat_args(x, y)
+    gradients = plain_gradients_function(step)
     if gradients_only:
-        args, _ = step.lowered.function.structured_input_signature
-        fns = [step.function.call_flat, lambda *flat: step.lowered.function(*tf.nest.pack_sequence_as(args, flat))]
+        fns = [step.function.call_flat, gradients]
         reference = GRADIENTS_REFERENCE
     else:
-        fns, reference = [step.train_flat, plain_train_function(step)], TRAIN_STEP_REFERENCE
+        # the plain gradients alone in the same rounds: their share of the training step is what the
+        # predicted overhead applies to (MeasuredTime.expected_ratio)
+        fns, reference = [step.train_flat, plain_train_function(step), gradients], TRAIN_STEP_REFERENCE
         step._build_optimizer()      # its slots exist before they are saved
     optimizer_variables = [] if gradients_only else list(getattr(step.optimizer, "variables", ()))
     with preserved_state(step.model.variables, optimizer_variables):
-        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(fns, *flat, repeats=repeats)
+        walls, cpus = interleaved_times(fns, *flat, repeats=repeats)
+    (remat_s, plain_s), (remat_cpu, plain_cpu) = walls[:2], cpus[:2]
     return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
-                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=reference)
+                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=reference,
+                        gradient_seconds=None if gradients_only else walls[2])
+
+
+def plain_gradients_function(step: "CompiledStep"):
+    """The plain traced step's gradients (``step.lowered.function``, Grappler on) called on ``step``'s
+    flat inputs."""
+    plain = step.lowered.function
+    args, _ = plain.structured_input_signature
+    return lambda *flat: plain(*tf.nest.pack_sequence_as(args, flat))
 
 
 def random_batch(lowered: LoweredGraph, model: Any, seed: int = 0) -> tuple[list, list]:

@@ -239,12 +239,42 @@ def measure_against_keras(trainer: "StepTrainer", data: Any, repeats: int = STEP
     # function Keras' fit makes around it
     keras_step = _compat.keras_train_function(trainer, functools.partial(keras.Model.train_step, trainer))
     batches = {"ours": source(), "keras": source()}
+    fns = [lambda: ours(batches["ours"]), lambda: keras_step(batches["keras"])]
+    # the plain traced gradients of the same batch, in the same rounds: their share of Keras' step is
+    # the part the predicted overhead applies to (MeasuredTime.expected_ratio)
     metric_variables = [v for m in trainer.metrics for v in m.variables]
     with preserved_state(trainer.inner.variables, trainer.optimizer.variables, metric_variables):
-        (remat_s, plain_s), (remat_cpu, plain_cpu) = interleaved_times(
-            [lambda: ours(batches["ours"]), lambda: keras_step(batches["keras"])], repeats=repeats)
+        gradients = _plain_gradients_call(trainer, data)
+        if gradients is not None:
+            fns.append(gradients)
+        walls, cpus = interleaved_times(fns, repeats=repeats)
+    (remat_s, plain_s), (remat_cpu, plain_cpu) = walls[:2], cpus[:2]
     return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
-                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=KERAS_REFERENCE)
+                        cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=KERAS_REFERENCE,
+                        gradient_seconds=walls[2] if gradients is not None else None)
+
+
+def _plain_gradients_call(trainer: "StepTrainer", data: Any):
+    """A call of the plain traced step's gradients (Grappler on) on the batch ``data`` as the trainer's
+    compiled step takes it, run once; or None where the batch is not the compiled step's size (a step
+    serving a smaller batch pads it) or the plain step does not take it."""
+    from checkmate.tf2.timing import plain_gradients_function
+
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    rows = tf.nest.flatten(x)[0].shape[0]
+    step = trainer._step_for(rows)
+    if step is None or rows != int(step.input_specs[0].shape[0]):
+        return None
+    try:
+        weight = losses.step_weights(sample_weight, tf.shape(tf.nest.flatten(x)[0])[0])
+        flat = step.function.flat_args(x, (y, weight))
+        gradients = plain_gradients_function(step)
+        gradients(*flat)        # a batch the plain step cannot take leaves the share unmeasured
+    except (InvalidArgumentError, ValueError, TypeError, tf.errors.OpError) as exc:
+        logging.getLogger("checkmate.tf2").info("checkmate: the plain gradients not timed on the first batch (%s)",
+                                                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return None
+    return lambda: gradients(*flat)
 
 
 class StepTimeReport(keras.callbacks.Callback):
@@ -296,8 +326,8 @@ class StepTimeReport(keras.callbacks.Callback):
             except tf.errors.ResourceExhaustedError as exc:
                 self._not_measured(step, exc)
                 return
-        line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted overhead "
-                f"{step.predicted.time_overhead:.3f}x; {measured.describe()})")
+        line = (f"checkmate: step time {measured.ratio:.3f}x the plain step (predicted "
+                f"{measured.describe_expected(step.predicted.time_overhead)}; {measured.describe()})")
         logging.getLogger("checkmate.tf2").info(line)
         if self.params.get("verbose", 1):
             print(line)

@@ -85,9 +85,12 @@ def test_first_epoch_reports_a_real_interleaved_measurement_against_keras_own_tr
     measured = step.measured
     assert measured is not None and measured.repeats == STEP_TIME_REPORT_REPEATS
     assert measured.reference == KERAS_REFERENCE
-    # RematModel's train function and Keras' own (its train_step, on this model) were both run: a
-    # warm-up call and one per repeat
-    assert [t.calls for t in timed] == [STEP_TIME_REPORT_REPEATS + 1] * 2
+    # RematModel's train function, Keras' own (its train_step, on this model) and the plain traced
+    # gradients were all run: a warm-up call and one per repeat (the gradients once more, the call
+    # that checks the batch fits them)
+    assert [t.calls for t in timed] == [STEP_TIME_REPORT_REPEATS + 1] * 2 + [STEP_TIME_REPORT_REPEATS + 1]
+    assert measured.gradient_seconds is not None and measured.gradient_seconds > 0
+    assert 0.0 < measured.gradient_share <= 1.0
     assert keras_steps and all(m is trainer for m in keras_steps)
     assert measured.step_seconds > 0 and measured.plain_seconds > 0
     assert measured.cpu_ratio is not None and measured.cpu_ratio > 0
@@ -96,8 +99,9 @@ def test_first_epoch_reports_a_real_interleaved_measurement_against_keras_own_tr
     assert "checkmate: step time" not in capsys.readouterr().out
     lines = [r.getMessage() for r in caplog.records if "checkmate: step time" in r.getMessage()]
     assert len(lines) == 1
-    assert (f"step time {measured.ratio:.3f}x the plain step (predicted overhead {step.predicted.overhead:.3f}x; "
-            f"{measured.describe()})") in lines[0]
+    assert (f"step time {measured.ratio:.3f}x the plain step (predicted "
+            f"{measured.describe_expected(step.predicted.time_overhead)}; {measured.describe()})") in lines[0]
+    assert f"{step.predicted.time_overhead:.3f}x on its gradients, {measured.gradient_share:.0%}" in lines[0]
     assert "Keras' own train step" in lines[0]
     # both train functions updated the weights, the optimizer and the loss tracker while timed: all of
     # it is put back, so the weights are those the epoch's batches left
@@ -105,6 +109,7 @@ def test_first_epoch_reports_a_real_interleaved_measurement_against_keras_own_tr
         np.testing.assert_array_equal(v.numpy(), before)
     assert int(trainer.optimizer.iterations.numpy()) == 4
     assert f"measured {measured.ratio:.3f}x the plain step" in step.summary()
+    assert f"the prediction comes to {measured.describe_expected(step.predicted.time_overhead)}" in step.summary()
 
 
 def test_measure_step_time_times_the_gradients_or_the_whole_training_step_and_trains_nothing():
@@ -127,8 +132,12 @@ def test_measure_step_time_times_the_gradients_or_the_whole_training_step_and_tr
     slots = [v.numpy() for v in optimizer.variables]
     measured = step.measure_time(x, y, repeats=2, gradients_only=False)
     assert measured.reference == timing.TRAIN_STEP_REFERENCE and measured.plain_seconds > 0
+    # the plain gradients were timed in the same rounds: their share of the training step
+    assert measured.gradient_seconds is not None and 0.0 < measured.gradient_share <= 1.0
     gradients = step.measure_time(x, y, repeats=2)
     assert gradients.reference == timing.GRADIENTS_REFERENCE and step.measured is gradients
+    assert gradients.gradient_seconds is None and gradients.gradient_share == 1.0
+    assert gradients.expected_ratio(1.2) == pytest.approx(1.2) and gradients.describe_expected(1.2) == "1.200x"
     for before, v in zip(weights + slots, list(model.variables) + list(optimizer.variables)):
         np.testing.assert_array_equal(v.numpy(), before)
     # the plain train function does update: one call changes the weights and counts an iteration
@@ -292,3 +301,20 @@ def test_the_train_function_runs_one_flat_graph_with_the_updates_of_keras_own():
     # last in any order) and one write that the plan's order places after the backward pass; never
     # the updates of the other layers, which would then all run in a tail after the gradients
     assert waiting <= keras_waiting + 3
+
+
+def test_a_predicted_overhead_of_the_gradients_applies_to_their_share_of_a_whole_step():
+    """The recomputations lengthen the gradients, not the optimizer's update or the metrics: against
+    a whole training step the predicted overhead comes to one plus its excess times the gradients'
+    measured share of that step (clipped to [0, 1])."""
+    from checkmate.tf2.timing import GRADIENTS_REFERENCE, MeasuredTime
+
+    whole = MeasuredTime(step_seconds=0.5, plain_seconds=0.4, repeats=3, gradient_seconds=0.3)
+    assert whole.gradient_share == pytest.approx(0.75)
+    assert whole.expected_ratio(1.2) == pytest.approx(1.15)
+    assert whole.expected_ratio(1.0) == pytest.approx(1.0)
+    assert whole.describe_expected(1.2) == "1.150x for the whole step (1.200x on its gradients, 75% of the plain step's time)"
+    # gradients timed slower than the whole step (noise, a step with nothing besides them): all of it
+    assert MeasuredTime(0.5, 0.4, 3, gradient_seconds=0.45).expected_ratio(1.2) == pytest.approx(1.2)
+    gradients = MeasuredTime(0.5, 0.4, 3, reference=GRADIENTS_REFERENCE)
+    assert gradients.gradient_share == 1.0 and gradients.expected_ratio(1.2) == pytest.approx(1.2)

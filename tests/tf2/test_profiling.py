@@ -210,7 +210,8 @@ def test_remat_model_reports_measured_step_time_after_first_epoch(tmp_path, monk
     assert out.count("checkmate: step time") == 1       # after the first epoch only
     step = remat.compiled_step()
     assert step.measured is not None and step.measured.repeats > 0
-    assert f"{step.measured.ratio:.3f}x the plain step (predicted overhead {step.predicted.overhead:.3f}x" in out
+    assert (f"{step.measured.ratio:.3f}x the plain step (predicted "
+            f"{step.measured.describe_expected(step.predicted.time_overhead)}") in out
     # a step is measured once: fit() called again (one epoch at a time, say) costs no more measuring
     first = step.measured
     remat.fit(x, y, batch_size=4, epochs=1, verbose=2)
