@@ -155,8 +155,8 @@ def resolve_budget_reported(budget: Any, graph, model: Any = None, device: str |
     if is_relative_budget(budget) and "activation" in budget.lower():
         floor, activations = activation_reference(graph)
         return total, (f"{budget.strip()}: {format_bytes(floor)} that every schedule holds (parameters, batch, "
-                       f"gradients, outputs) + that share of the activations {format_bytes(activations)} = "
-                       f"{format_bytes(total)} ({total} bytes)")
+                       f"gradients, outputs) + {format_bytes(max(total - floor, 0))} (that share of the "
+                       f"{format_bytes(activations)} of activations) = {format_bytes(total)} ({total} bytes)")
     if is_relative_budget(budget):
         reference = checkpoint_all_peak(graph)
         return total, (f"{budget.strip()} of checkpoint-all's peak {format_bytes(reference)} = {format_bytes(total)} "

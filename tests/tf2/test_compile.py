@@ -574,3 +574,30 @@ def test_the_step_compiled_for_a_byte_budget_measures_within_it(request, monkeyp
     x, y = batch_for(xs, ys, int(model.outputs[0].shape[-1]))
     measured = measure_peak_memory(step.gradients, x, y, repeats=4, reduce="max")
     assert measured <= (1 + LATER_STEP_DRIFT) * room, (measured, room, step.verified_step_peak_bytes)
+
+
+def test_activation_budget_report_adds_up():
+    """The reference of ``"X% activations"`` in words: the floor, the share granted and the whole
+    activation memory it is a share of, and a total that is the floor plus that share."""
+    from checkmate.budgets import activation_reference, format_bytes
+    from checkmate.graph import GraphBuilder
+
+    b = GraphBuilder(name="step", fixed_mem=4096)
+    f = [b.add_node(f"f{k}", cost=1.0, mem=1000 * (k + 1)) for k in range(3)]
+    b.add_edge(f[0], f[1])
+    b.add_edge(f[1], f[2])
+    loss = b.add_node("loss", cost=1.0, mem=4, backward=True, output=True)
+    b.add_edge(f[2], loss)
+    prev = loss
+    for k in reversed(range(3)):
+        g = b.add_node(f"g{k}", cost=1.0, mem=1000 * (k + 1), backward=True, output=k == 0)
+        b.add_edge(prev, g)
+        b.add_edge(f[k], g)
+        prev = g
+    graph = b.build()
+    floor, activations = activation_reference(graph)
+    total, text = compile_module.resolve_budget_reported("25% activations", graph)
+    assert total == floor + activations // 4 or abs(total - (floor + 0.25 * activations)) <= 1
+    assert f"{format_bytes(floor)} that every schedule holds" in text
+    assert f"+ {format_bytes(total - floor)} (that share of the {format_bytes(activations)} of activations)" in text
+    assert text.endswith(f"= {format_bytes(total)} ({total} bytes)")
