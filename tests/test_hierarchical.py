@@ -10,6 +10,7 @@ from cases import SMALL_CASES, assert_valid_schedule, brute_force_optimum, rando
 from checkmate import synthetic
 from checkmate.errors import InfeasibleBudgetError
 from checkmate.graph import GraphBuilder
+from checkmate.schedule import Schedule
 from checkmate.solvers import checkpoint_all_peak, solve
 from checkmate.solvers import hierarchical as hier
 
@@ -203,3 +204,60 @@ def test_a_short_time_limit_builds_the_short_groups_first(monkeypatch):
     assert_valid_schedule(graph, result.schedule, budget)
     assert "within the time limit" in result.status
     assert 0 < len(lengths) < full.distinct_groups_solved
+
+
+def _late_side_value_step():
+    """A training step whose one segment holds a large value (``side``) that only the last backward
+    node reads: recomputed with the segment when its backward starts, it is resident through it all."""
+    b = GraphBuilder(name="late-side-value")
+    x = b.add_node("x", cost=1.0, mem=4)
+    f1 = b.add_node("f1", cost=1.0, mem=4, deps=[x])
+    side = b.add_node("side", cost=1.0, mem=64, deps=[x])
+    f2 = b.add_node("f2", cost=1.0, mem=4, deps=[f1, side])
+    f3 = b.add_node("f3", cost=1.0, mem=4, deps=[f2])
+    loss = b.add_node("loss", cost=1.0, mem=1, deps=[f3], backward=True, output=True)
+    g3 = b.add_node("g3", cost=1.0, mem=4, deps=[loss, f3, f2], backward=True)
+    g2 = b.add_node("g2", cost=1.0, mem=4, deps=[g3, f1], backward=True)
+    b.add_node("g1", cost=1.0, mem=4, deps=[g2, side, x], backward=True, output=True)
+    return b.build()
+
+
+def _frugal(graph, just_in_time, monkeypatch):
+    monkeypatch.setattr(hier, "JUST_IN_TIME", just_in_time)
+    planner = hier._Planner(graph, None)
+    return planner.evaluate(hier._frugal_choice(planner))
+
+
+def test_values_are_recomputed_where_first_needed(monkeypatch):
+    graph = _late_side_value_step()
+    cost_all, peak_all, R_all, _ = _frugal(graph, False, monkeypatch)
+    cost, peak, R, S = _frugal(graph, True, monkeypatch)
+    side = next(i for i, node in enumerate(graph.nodes) if node.name == "side")
+    g1 = next(i for i, node in enumerate(graph.nodes) if node.name == "g1")
+    # the same computations, the side value's recomputation moved to its reader's stage
+    assert cost == cost_all
+    assert R.sum() == R_all.sum()
+    assert R[g1, side] and not R_all[g1, side]
+    assert peak < peak_all
+    assert_valid_schedule(graph, Schedule.from_matrices(graph, R, S))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_dags(min_nodes=4, max_nodes=14))
+def test_just_in_time_recomputes_no_more_than_at_the_segment_start(graph):
+    """Each value a group does not keep is still recomputed at most once: no more work than
+    recomputing the whole group when its backward starts, and a valid schedule."""
+    planner = hier._Planner(graph, None)
+    choice = hier._frugal_choice(planner)
+    if not choice:
+        return
+    results = {}
+    for jit in (False, True):
+        hier.JUST_IN_TIME = jit
+        try:
+            results[jit] = planner.evaluate(choice)
+        finally:
+            hier.JUST_IN_TIME = True
+    assert results[True][0] <= results[False][0] + 1e-9
+    R, S = results[True][2], results[True][3]
+    assert_valid_schedule(graph, Schedule.from_matrices(graph, R, S))

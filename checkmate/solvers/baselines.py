@@ -141,9 +141,15 @@ class _Segments:
 
     def retain(self, segment_of_rank: np.ndarray, snapshot_cols: Iterable[int] = (),
                snapshot_los: Iterable[int] = (), snapshot_his: Iterable[int] = (),
-               pinned: np.ndarray | None = None) -> np.ndarray:
+               pinned: np.ndarray | None = None, just_in_time: bool = False) -> np.ndarray:
         """S for forward nodes cut into segments (``segment_of_rank[r]``: the segment of the forward
-        node of rank ``r``); ``pinned`` forward nodes are held as snapshots only (not segment values)."""
+        node of rank ``r``); ``pinned`` forward nodes are held as snapshots only (not segment values).
+
+        A segment's values are recomputed once in the backward pass. By default (Chen et al.'s scheme)
+        all of them when the segment's backward starts. ``just_in_time``: each when it is first needed,
+        by a backward reader or by the recomputation of another segment value, so that the values read
+        late in the segment's backward are not resident through its beginning: the same computations,
+        each value held for a part of the time it is held otherwise."""
         fwd = self.forward
         cols = list(snapshot_cols)
         los = list(snapshot_los)
@@ -160,11 +166,36 @@ class _Segments:
             seamless = first_use <= forward_end + 1
             nodes = fwd[members]
             s = seg[members]
-            lo = np.where(seamless[s], nodes + 1, np.maximum(first_use[s], nodes) + 1)
+            if just_in_time:
+                lo, hi = self._just_in_time_holds(nodes, seamless[s])
+            else:
+                lo = np.where(seamless[s], nodes + 1, np.maximum(first_use[s], nodes) + 1)
+                hi = self.last_reader[nodes]
             cols.extend(nodes.tolist())
             los.extend(lo.tolist())
-            his.extend(self.last_reader[nodes].tolist())
+            his.extend(hi.tolist())
         return self.base | _hold_matrix(self.n, cols, los, his)
+
+    def _just_in_time_holds(self, nodes: np.ndarray, seamless: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """First and last held stage of each segment value when each is recomputed once, where it is
+        first needed: after its first backward reader, or with the earliest recomputed value that
+        reads it; it is then held to its last reader and to the recomputation of the last value that
+        reads it (a value of a segment without a gap between forward and backward is held from its
+        computation)."""
+        graph = self.graph
+        lo = np.where(seamless, nodes + 1, np.maximum(self.first_backward_reader[nodes], nodes) + 1)
+        start = dict(zip(nodes.tolist(), lo.tolist()))
+        end = dict(zip(nodes.tolist(), self.last_reader[nodes].tolist()))
+        recomputed = {v for v, whole in zip(nodes.tolist(), seamless.tolist()) if not whole}
+        bwd = graph.backward
+        for v in sorted(recomputed, reverse=True):       # readers before the values they read
+            for u in graph.users[v]:
+                if not bwd[u] and u in recomputed:
+                    # u is recomputed in stage start[u] - 1, from v
+                    start[v] = min(start[v], start[u])
+                    end[v] = max(end[v], start[u] - 1)
+        return (np.array([start[v] for v in nodes.tolist()], dtype=np.int64),
+                np.array([end[v] for v in nodes.tolist()], dtype=np.int64))
 
     def evaluate(self, retain: np.ndarray) -> tuple[float, int, np.ndarray, np.ndarray]:
         """(cost, peak bytes, R, S) of the valid schedule made from ``retain``."""

@@ -11,7 +11,7 @@ sequences of similar blocks, and this strategy exploits that structure in four s
 2. **Menus.** A *group* is a run of consecutive segments that the backward pass recomputes together
    from the values the group keeps. Each distinct group is solved once, by a small MILP: which of its
    forward values to keep from the forward pass until their backward use, and which to recompute
-   (once, when the group's backward starts), for a ladder of caps on the kept bytes. The Pareto
+   (once, where the group's backward first needs it), for a ladder of caps on the kept bytes. The Pareto
    points (kept bytes, recomputation cost) are the group's menu. Values that later groups read
    (the boundary) are always kept.
 3. **Dynamic programme.** Along the sequence, choose the grouping and one menu option per group to
@@ -77,6 +77,9 @@ LP_BOUND_MAX_NODES = 160
 LP_BOUND_TIME_FRACTION = 0.25
 LP_BOUND_DEFAULT_TIME_S = 30.0
 _MENU_TIME_LIMIT_S = 5.0
+# Recompute each value a group does not keep where its backward first needs it (not all when the
+# group's backward starts).
+JUST_IN_TIME = True
 # Share of the time limit for menus of groups longer than one segment (shortest groups first).
 # Measured: experiments/results/README.md, section i.
 MENU_TIME_FRACTION = 0.5
@@ -395,7 +398,7 @@ class _Planner:
         pinned[keep_nodes] = True
         n = self.graph.n
         return self.seg.retain(segment_of_rank, keep_nodes, [v + 1 for v in keep_nodes], [n - 1] * len(keep_nodes),
-                               pinned)
+                               pinned, just_in_time=JUST_IN_TIME)
 
     def evaluate(self, choice):
         self.plan.replays += 1
