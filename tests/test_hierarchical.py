@@ -261,3 +261,25 @@ def test_just_in_time_recomputes_no_more_than_at_the_segment_start(graph):
     assert results[True][0] <= results[False][0] + 1e-9
     R, S = results[True][2], results[True][3]
     assert_valid_schedule(graph, Schedule.from_matrices(graph, R, S))
+
+
+def test_a_budget_below_every_programme_is_met_by_repairing_the_one_planned_for_the_least_peak():
+    """Where one level of recomputation cannot reach the budget, the programme planned for the least
+    peak it reaches is repaired to it (holds dropped at the peak); far below, the least peak is named."""
+    graph = synthetic.resnet(6, mem=4, cost=5.0)
+    planner = hier._Planner(graph, None)
+    frugal = planner.evaluate(hier._frugal_choice(planner))[1]
+    budget = frugal - 1
+    plan = hier.HierarchicalPlan()
+    schedule, cost, peak = hier.hierarchical_schedule(graph, budget, plan=plan)
+    assert peak <= budget
+    assert any("repaired" in note for note in plan.notes)
+    assert_valid_schedule(graph, schedule, budget)
+    exact = solve(graph, budget, strategy="checkmate_milp", mip_gap=1e-9, time_limit_s=60)
+    assert cost >= exact.compute_cost - 1e-9
+    result = solve(graph, budget, strategy="hierarchical")
+    assert "repaired" in result.status and result.peak_memory_bytes <= budget
+    far = int(frugal / (1 + 2 * hier.RELAXED_REPAIR_MAX_EXCESS))
+    with pytest.raises(InfeasibleBudgetError) as info:
+        hier.hierarchical_schedule(graph, far)
+    assert info.value.min_feasible_budget_bytes == frugal

@@ -30,8 +30,9 @@ MILP (which starts from the best schedule found), and beyond the flat MILP's siz
 hierarchical plan that misses the target, before the quadratic baselines (in
 :data:`EARLY_DROP_TIME_SHARE` of the time left), so that a time limit does not leave it none. When
 nothing fits, the least peak that a repair reaches is among the minimums the error names. A
-hierarchical plan that misses the budget (its menus cut short on a loaded machine) hands over its
-least-peak programme, which is repaired and refined the same way in that share of the time left. The time
+hierarchical plan that misses the budget (its menus cut short on a loaded machine, or one level of
+recomputation short of it) hands over the programme it plans for its least peak and its least-peak
+programme, which are repaired (cheapest first) and refined the same way in that share of the time left. The time
 left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
 still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`), and where that stops further
 than :data:`AUTO_TARGET_GAP` from the bound (dense blocks, where every single hold left breaks the
@@ -317,14 +318,14 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
     plan_repaired: list = []
 
     def repair_plan(closest: list) -> None:
-        """A refused hierarchical plan's least-peak programme, repaired to the budget (holds dropped at
-        the peak) and refined at once, within :data:`EARLY_DROP_TIME_SHARE` of the time left short of
+        """A refused hierarchical plan's starts (the programme planned for its least peak, then its
+        least-peak programme), repaired to the budget (holds dropped at the peak) and refined at once, within :data:`EARLY_DROP_TIME_SHARE` of the time left short of
         the refinement's reserve: on a loaded machine the plan's menus for longer groups run out of
         time and its programmes miss the budget by a few percent (DenseNet121's graph at 60%: 1.036x
         the budget), where a repair and the refinement land far below the quadratic baselines
         (1.079x against the Chen greedy's 1.228x)."""
-        if (not closest or any(r[1] == main for r in results + plan_repaired)
-                or closest[-1][0] > budget_bytes * (1 + PLAN_REPAIR_MAX_EXCESS)):
+        starts = [(peak, schedule) for peak, schedule in closest if peak <= budget_bytes * (1 + PLAN_REPAIR_MAX_EXCESS)]
+        if not starts or any(r[1] == main for r in results + plan_repaired):
             return
         until = None if deadline is None else deadline - REFINE_TIME_SHARE * float(options.time_limit_s)
         if until is not None:
@@ -332,8 +333,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
             if until - time.perf_counter() < AUTO_FALLBACK_MIN_SECONDS:
                 return
         lowest: list = []
-        repaired = _repair(graph, budget_bytes, [], [(peak, main, schedule) for peak, schedule in closest[-1:]],
-                           until, lowest=lowest, only_given=True)
+        repaired = None
+        for peak, schedule in starts:     # the plan's cheapest start first, its least-peak one last
+            repaired = _repair(graph, budget_bytes, [], [(peak, main, schedule)], until, lowest=lowest,
+                               only_given=True)
+            if repaired is not None:
+                break
         if repaired is None:
             # the least peak it reached is a budget known to fit
             minimums.extend(c.peak_bytes for c in lowest if c is not None)
