@@ -8,6 +8,12 @@ Graphs (no TensorFlow needed to run this script):
   ViTImageClassifier and keras.applications' DenseNet121 (64x64), at the configurations of
   ``experiments/realworld.py``, batch 8, ``level="auto"``, profiled costs (written by the
   ``--extract`` mode of this script, which needs TensorFlow and keras-hub);
+* ``experiments/results/graphs/real/{inceptionresnetv2,qwen3moe}.json``: the graphs
+  ``checkmate.tf2.compile`` and ``RematModel`` planned, with their defaults, for keras.applications'
+  InceptionResNetV2 (75x75, 10 classes, SGD with momentum) and KerasHub's Qwen3MoeCausalLM (2 layers,
+  hidden 256, 4 experts, top 2, sequences of 128), batch 8, profiled on an Intel Xeon (not written by
+  ``--extract``: these models are not in ``experiments/realworld.py``); their time limits are the
+  ones compile and RematModel chose for them (150 s and 57 s);
 * the diffusion-style U-Nets of ``tests/test_auto_skips.py`` (4 levels of residual blocks whose
   outputs are concatenated into the decoder): 2 blocks a level (326 nodes) and 3 (446 nodes).
 
@@ -50,6 +56,8 @@ CASES = {
     "bert": (("50%",), 20.0),
     "vit": (("50%",), 20.0),
     "densenet121": (("60%", "55%", "50%"), 120.0),
+    "inceptionresnetv2": (("50% activations",), 150.0),
+    "qwen3moe": (("50%",), 57.0),
     "unet326": (("50%", "40%", "30%"), 150.0),
     "unet446": (("50%", "40%", "30%"), 150.0),
 }

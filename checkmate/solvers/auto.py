@@ -32,8 +32,8 @@ hierarchical plan that misses the target, before the quadratic baselines (in
 nothing fits, the least peak that a repair reaches is among the minimums the error names. A
 hierarchical plan that misses the budget (its menus cut short on a loaded machine, or one level of
 recomputation short of it) hands over the programme it plans for its least peak and its least-peak
-programme, which are repaired (cheapest first) and refined the same way in that share of the time left. The time
-left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
+programme, which are repaired (cheapest first) and refined the same way in that share of the time
+left. The time left at the end *refines* the best schedule: recomputations are replaced by holds while the peak
 still fits (:func:`~checkmate.solvers.rounding.improve_by_holding`), and where that stops further
 than :data:`AUTO_TARGET_GAP` from the bound (dense blocks, where every single hold left breaks the
 budget), holds are exchanged for drops at the peak they raise
@@ -319,8 +319,8 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
 
     def repair_plan(closest: list) -> None:
         """A refused hierarchical plan's starts (the programme planned for its least peak, then its
-        least-peak programme), repaired to the budget (holds dropped at the peak) and refined at once, within :data:`EARLY_DROP_TIME_SHARE` of the time left short of
-        the refinement's reserve: on a loaded machine the plan's menus for longer groups run out of
+        least-peak programme), repaired to the budget (holds dropped at the peak) and refined at once,
+        within :data:`EARLY_DROP_TIME_SHARE` of the time left short of the refinement's reserve: on a loaded machine the plan's menus for longer groups run out of
         time and its programmes miss the budget by a few percent (DenseNet121's graph at 60%: 1.036x
         the budget), where a repair and the refinement land far below the quadratic baselines
         (1.079x against the Chen greedy's 1.228x)."""

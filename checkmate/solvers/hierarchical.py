@@ -25,8 +25,8 @@ sequences of similar blocks, and this strategy exploits that structure in four s
    the least peak reached, a little above the budget and far cheaper than the most frugal one, is
    repaired to the budget by dropping holds at the peak.
 
-Each forward value is recomputed at most once, short of such a repair (one level of recomputation, as in Chen et al.'s
-scheme, but with the kept set chosen per block by a MILP, as Checkmate does). The result carries a
+Each forward value is recomputed at most once, short of such a repair (one level of recomputation,
+as in Chen et al.'s scheme, but with the kept set chosen per block by a MILP, as Checkmate does). The result carries a
 lower bound: the cost of computing every node once plus the cheapest recomputation that the memory
 at each node's first run forces (:func:`checkmate.bounds.cost_lower_bound`, at any scale), or the
 LP relaxation of the flat MILP where that is affordable and higher; its ``status`` says which, and
@@ -77,7 +77,8 @@ LATE_ROUNDS = 3
 # Where no programme fits: rounds of the programme planned for the least peak reached (a start for a
 # repair to the budget; see _relaxed_programme).
 RELAXED_ROUNDS = 3
-# ... repaired by this strategy itself (in its time left) where it peaks at most this share above the budget.
+# That programme is repaired by this strategy itself (in its time left) where it peaks at most this
+# share above the budget. Measured: experiments/results/solver_quality_hier.md.
 RELAXED_REPAIR_MAX_EXCESS = 0.05
 # Flat LP bound: computed up to this many nodes (its model has O(n^2) variables), within at most this
 # share of the time limit. Measured: experiments/results/README.md, section i.
@@ -460,7 +461,8 @@ def _relaxed_programme(planner: "_Planner", work: dict, target: int, consider: C
     reaches (:data:`RELAXED_ROUNDS` rounds, each calibrated on the replay before it): the least-peak
     of them, ``(peak, cost, R, S)``, or None. Far cheaper than the frugal programme and a little above
     the budget, it is a start for a repair to the budget (InceptionResNetV2 at 50% of its activations:
-    1.0099x at 1.005 the budget, repaired to 1.0142x, where the frugal programme repaired costs 1.243x)."""
+    1.0099x at 1.005 the budget, repaired to 1.0142x, where auto repaired the frugal programme to
+    1.243x; experiments/results/solver_quality_hier.md)."""
     found = None
     work = dict(work)
     try:
