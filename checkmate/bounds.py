@@ -111,12 +111,33 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray, *, changed_rows: tupl
     n = graph.n
     S = np.array(retain, dtype=bool)
     S &= np.tri(n, k=-1, dtype=bool)
+    low, high = (0, n - 1) if changed_rows is None else (max(int(changed_rows[0]), 0), min(int(changed_rows[1]), n - 1))
+    prune_rows(graph, S, low, high)
+    return S
+
+
+def prune_rows(graph: "Graph", S: np.ndarray, low: int, high: int, restore: np.ndarray | None = None,
+               floor: int | None = None) -> int:
+    """:func:`prune_unused_holds` in place on ``S`` (holds only below the diagonal), from row ``high``
+    down to the first row below ``low`` that it leaves as it was; returns the lowest row it changed
+    or read (``high + 1`` when none).
+
+    ``restore``: holds put back into each row before it is settled (the holds every schedule must
+    keep, that an earlier pass pruned where nothing used them): a row the pass stops at is settled
+    with them as it was before, so the result is the full pass's on ``S | restore``.
+
+    ``floor``: the pass stops after that row whatever it changed (the caller settles the rows below).
+    """
     deps = graph.deps
     output = graph.output
-    low, high = (0, n - 1) if changed_rows is None else (max(int(changed_rows[0]), 0), min(int(changed_rows[1]), n - 1))
+    n = graph.n
     no_next = np.zeros(n, dtype=bool)
+    lowest = high + 1
     for t in range(high, 0, -1):
         held = S[t]
+        before = held.copy() if t < low else None
+        if restore is not None:
+            held[:t] |= restore[t, :t]
         keep_next = S[t + 1] if t + 1 < n else no_next
         # the stage's needed set, searched from its seeds through the inputs not held (the work is
         # proportional to the computations, not to t: the skips of a U-Net span most rows)
@@ -133,10 +154,11 @@ def prune_unused_holds(graph: "Graph", retain: np.ndarray, *, changed_rows: tupl
         useless = held & ~keep_next & ~output
         if used:
             useless[list(used)] = False
-        if t < low and not useless.any():
+        held[useless] = False
+        lowest = t
+        if t == floor or before is not None and np.array_equal(before, held):
             break
-        S[t, useless] = False
-    return S
+    return lowest
 
 
 def drop_holds_unread_by(graph: "Graph", retain: np.ndarray, recompute: np.ndarray,

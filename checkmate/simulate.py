@@ -172,26 +172,50 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     """The peak that :func:`walk` reports for a VALID ``(R, S)``, computed with array operations.
 
     For searches that rank many candidate schedules, where a walk per candidate would dominate the
-    run time. The rules are :func:`walk`'s, restated as intervals: while node ``k`` runs in stage
-    ``t``, value ``i`` is resident iff it was held on entry to ``t`` or computed in ``t`` at a
-    position ``<= k``, and it has not been freed yet. Only a value computed or read in the stage,
-    not held into ``t+1`` and not an output is freed inside it, right after its last use (the last
-    node of the stage that is or reads it); every other value stays to the end of the stage.
+    run time. The rules are :func:`walk`'s, restated as intervals (:func:`stage_peak_bytes`).
     Invalid schedules give meaningless numbers; the schedule a search keeps is validated by
     :func:`simulate` as usual. Tests check that both peaks agree.
     """
     check_deadline()  # each call is seconds of array work on graphs of many thousand nodes
+    during = stage_peak_bytes(graph, recompute, retain)
+    return int(graph.fixed_mem) + (int(during.max()) if during.size else 0)
+
+
+class ReadIndex:
+    """The graph's input lists flattened once, for the array replays of :func:`stage_peak_bytes`."""
+
+    def __init__(self, graph: "Graph"):
+        self.in_degree = np.fromiter((len(d) for d in graph.deps), dtype=np.int64, count=graph.n)
+        self.inputs = np.fromiter((d for ds in graph.deps for d in ds), dtype=np.int64,
+                                  count=int(self.in_degree.sum()))
+        self.first_input = np.cumsum(self.in_degree) - self.in_degree
+
+
+def stage_peak_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray, stages: np.ndarray | None = None,
+                     *, index: ReadIndex | None = None) -> np.ndarray:
+    """For each stage of ``stages`` (all by default, in increasing order), the most bytes resident
+    while one of its nodes runs, above the fixed memory, in a VALID ``(R, S)``.
+
+    While node ``k`` runs in stage ``t``, value ``i`` is resident iff it was held on entry to ``t`` or
+    computed in ``t`` at a position ``<= k``, and it has not been freed yet. Only a value computed or
+    read in the stage, not held into ``t+1`` and not an output is freed inside it, right after its
+    last use (the last node of the stage that is or reads it); every other value stays to the end of
+    the stage. A stage's figure depends only on its rows of R and S and the next row of S, so a
+    search that changes a few rows replays only the stages next to them.
+    """
     n = graph.n
+    index = index or ReadIndex(graph)
     R = np.asarray(recompute, dtype=bool)
     S = np.asarray(retain, dtype=bool)
+    rows = np.arange(n) if stages is None else np.asarray(stages, dtype=np.int64)
     mem = graph.mem
     # Computed cells (t, k), and for each input d of k the read (t, d) at position k.
-    comp_t, comp_k = np.nonzero(R)
-    in_degree = np.fromiter((len(d) for d in graph.deps), dtype=np.int64, count=n)
-    inputs = np.fromiter((d for ds in graph.deps for d in ds), dtype=np.int64, count=int(in_degree.sum()))
+    row_of, comp_k = np.nonzero(R if stages is None else R[rows])
+    comp_t = rows[row_of]
+    in_degree = index.in_degree
     reads = in_degree[comp_k]
     offsets = np.arange(int(reads.sum())) - np.repeat(np.cumsum(reads) - reads, reads)
-    read_value = inputs[np.repeat((np.cumsum(in_degree) - in_degree)[comp_k], reads) + offsets]
+    read_value = index.inputs[np.repeat(index.first_input[comp_k], reads) + offsets]
     read_t = np.repeat(comp_t, reads)
     # For each touched cell t * n + i (i computed or read in stage t), its last use: the last node of
     # stage t that is i itself or reads i. Sorted by cell, then position, the last entry of each cell
@@ -220,9 +244,20 @@ def peak_memory_bytes(graph: "Graph", recompute: np.ndarray, retain: np.ndarray)
     running = np.concatenate([[0], np.cumsum(weight[order])])
     upto = np.searchsorted(key, comp_t * width + comp_k, side="right")
     stage_start = np.searchsorted(key, comp_t * width, side="left")
-    held_bytes = _held_bytes(S, mem)
-    during = held_bytes[comp_t] + running[upto] - running[stage_start]
-    return int(graph.fixed_mem) + (int(during.max()) if during.size else 0)
+    held_bytes = _held_bytes(S, mem) if stages is None else _held_bytes_of_rows(S, mem, rows)
+    during = held_bytes[row_of] + running[upto] - running[stage_start]
+    # the most of each stage (the cells come row by row; a valid stage computes at least its node)
+    out = np.zeros(rows.size, dtype=np.int64)
+    if during.size:
+        starts = np.flatnonzero(np.concatenate([[True], row_of[1:] != row_of[:-1]]))
+        out[row_of[starts]] = np.maximum.reduceat(during, starts)
+    return out
+
+
+def _held_bytes_of_rows(S: np.ndarray, mem: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Bytes held on entry to each stage of ``rows`` (``S[t, i]`` for ``i < t``), exactly, in integers."""
+    block = S[rows] & (np.arange(S.shape[1])[None, :] < rows[:, None])
+    return block.astype(np.int64) @ np.asarray(mem, dtype=np.int64)
 
 
 # Rows of S multiplied at a time in _held_bytes: as int64 they take rows * n * 8 bytes (40 MB at

@@ -118,3 +118,58 @@ def test_repair_and_refinement_with_values_that_must_run_once():
     slow = _improve_by_replaying_every_move(graph, found, budget)
     assert fast.cost == pytest.approx(slow.cost) and fast.cost < found.cost
     assert_valid_schedule(graph, fast.schedule, budget)
+
+
+def _values_that_run_once(graph, rng):
+    """The graph with a few forward values marked never to be recomputed (held by force while used)."""
+    from checkmate.graph import graph_from_dict
+
+    data = graph.to_dict()
+    for node in data["nodes"]:
+        if not node["backward"] and rng.random() < 0.2:
+            node["recomputable"] = False
+    return graph_from_dict(data)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_drop_equals_the_rebuild(seed):
+    """The repair evaluates a drop by searching only the rows it changes (the hold's column back to the
+    value's last read, the rows a pruning changes beyond it): the matrices, stage peaks and added cost
+    must be those of the rebuild from S (forced holds back, full pruning, minimal R, full replay), from
+    pruned schedules with random holds (holds that begin with a recomputation) and forced ones."""
+    from checkmate.bounds import prune_unused_holds
+    from checkmate.schedule import minimal_recompute
+    from checkmate.simulate import ReadIndex, peak_memory_bytes, stage_peak_bytes
+    from checkmate.solvers.rounding import _drop_hold
+
+    rng = np.random.default_rng(seed)
+    graph = synthetic.random_forward(18, seed=seed, skip_prob=0.5)
+    if seed % 2:
+        graph = _values_that_run_once(graph, rng)
+    forced = forced_retention(graph)
+    index = ReadIndex(graph)
+    lower = np.tri(graph.n, k=-1, dtype=bool)
+    checked = 0
+    for density in (1.0, 0.6, 0.3):
+        S = prune_unused_holds(graph, (rng.random((graph.n, graph.n)) < density) & lower | forced)
+        R = minimal_recompute(graph, S)
+        peaks = stage_peak_bytes(graph, R, S, index=index)
+        assert graph.fixed_mem + peaks.max() == peak_memory_bytes(graph, R, S) == simulate(
+            graph, schedule_from_retain(graph, S)).peak_memory_bytes
+        stages = np.sort(rng.choice(graph.n, size=7, replace=False))
+        assert np.array_equal(stage_peak_bytes(graph, R, S, stages, index=index), peaks[stages])
+        for t, i in np.argwhere(S & ~forced).tolist():
+            R2, S2, peaks2, added = _drop_hold(graph, R, S, peaks, forced, t, i, index)
+            raw = np.array(S)
+            end = t
+            while end < graph.n and raw[end, i]:
+                raw[end, i] = False
+                end += 1
+            S_ref = prune_unused_holds(graph, raw | forced)
+            R_ref = minimal_recompute(graph, S_ref)
+            assert np.array_equal(S2, S_ref), (t, i)
+            assert np.array_equal(R2, R_ref), (t, i)
+            assert np.array_equal(peaks2, stage_peak_bytes(graph, R_ref, S_ref, index=index)), (t, i)
+            assert added == pytest.approx(float(graph.cost @ R_ref.sum(axis=0)) - float(graph.cost @ R.sum(axis=0)))
+            checked += 1
+    assert checked > 50

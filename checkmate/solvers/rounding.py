@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from checkmate._deadline import no_deadline
-from checkmate.bounds import prune_unused_holds
+from checkmate.bounds import prune_rows, prune_unused_holds
 from checkmate.errors import TimeLimitError
 from checkmate.schedule import Schedule, minimal_recompute, stage_needed
-from checkmate.simulate import peak_memory_bytes, simulate
+from checkmate.simulate import ReadIndex, peak_memory_bytes, simulate, stage_peak_bytes
 from checkmate.solvers.candidates import Candidate, evaluate, forced_retention, schedule_from_retain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -66,6 +66,9 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     cost, peak = sim.compute_cost, sim.peak_memory_bytes
     n = graph.n
     changed = False
+    # each stage's peak and cost, so that a drop replays only the stages next to the rows it changes
+    index = ReadIndex(graph)
+    stage_peak = stage_peak_bytes(graph, R, S, index=index)
 
     def give_up() -> None:
         """Hand the least-peak schedule reached to ``lowest`` (replayed whatever the deadline)."""
@@ -97,28 +100,21 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
                     return None
                 if graph.cost[i] / float(graph.mem[i]) >= best_score and bool(S[i + 1:t + 1, i].all()):
                     break
-                S2 = np.array(S)
-                end = t
-                while end < n and S2[end, i]:
-                    S2[end, i] = False
-                    end += 1
-                S2 = prune_unused_holds(graph, S2 | forced, changed_rows=_changed_rows(forced, S, t, end - 1))
-                R2 = _recompute_changed_stages(graph, R, S, S2)
-                # valid by construction (the minimal R of pruned holds): the array replay of the peak
-                # suffices to rank it, and the drop kept is replayed in full below
-                peak2 = peak_memory_bytes(graph, R2, S2)
+                R2, S2, peaks2, added = _drop_hold(graph, R, S, stage_peak, forced, t, i, index)
+                peak2 = int(graph.fixed_mem) + int(peaks2.max())
                 if peak2 >= peak:
                     continue
-                score = (float(graph.cost[np.nonzero(R2)[1]].sum()) - cost) / (peak - peak2)
+                score = added / (peak - peak2)
                 if score < best_score:
-                    best, best_score = (R2, S2), score
+                    best, best_score = (R2, S2, peaks2), score
             if best is None:
                 give_up()
                 return None
-            sim = simulate(graph, _Matrices(*best))
+            sim = simulate(graph, _Matrices(*best[:2]))
             if not sim.valid:
                 return None
-            (R, S), cost, peak, changed = best, sim.compute_cost, sim.peak_memory_bytes, True
+            R, S, stage_peak = best
+            cost, peak, changed = sim.compute_cost, sim.peak_memory_bytes, True
     except TimeLimitError:   # a deadline scope around the caller
         give_up()
         raise
@@ -127,12 +123,69 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     return evaluate(graph, Schedule.from_matrices(graph, R, S), "repair")
 
 
-def _recompute_changed_stages(graph: "Graph", R: np.ndarray, S: np.ndarray, S2: np.ndarray) -> np.ndarray:
+def _drop_hold(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_peak: np.ndarray, forced: np.ndarray,
+               t: int, i: int, index: ReadIndex) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """The hold of value ``i`` dropped from stage ``t`` until it is next recomputed, in a pruned ``S``
+    whose minimal recomputation is ``R`` and stage peaks ``stage_peak``: the new (R, S), stage peaks and
+    added cost, as a rebuild (forced holds put back, useless holds pruned, minimal R, array replay)
+    gives them, with only the rows the drop changes searched again.
+
+    Below ``t`` the hold becomes useless back to the last stage that reads ``i`` (or holds it by force
+    or computes it): in each stage between, only column ``i`` changes, nothing is recomputed, and the
+    stage's peak drops by ``mem[i]`` (the value sat there throughout). A hold that began with a
+    recomputation in stage ``s`` ends with it: that stage's needs shrink, and the rows from ``s`` down
+    are pruned again in full. Tests check every drop against the rebuild.
+    """
+    n = graph.n
+    S2 = np.array(S)
+    end = t
+    while end < n and S2[end, i]:
+        S2[end, i] = False
+        end += 1
+    # the stages that lose the hold: settled with the forced holds put back (a value recomputed now may
+    # need one that was pruned), which changes nothing else unless such a hold returns
+    prune_rows(graph, S2, t, end - 1, restore=forced, floor=t)
+    rows = [np.arange(t, end)]
+    others = S2[t] != S[t]
+    others[i] = False
+    if others.any():
+        low = t
+        s = t - 1
+    else:
+        users = list(graph.users[i])
+        read = R[:t][:, users].any(axis=1) if users else np.zeros(t, dtype=bool)
+        stays = ~S[:t, i] | read | bool(graph.output[i])
+        kept = np.flatnonzero(stays)
+        low = int(kept[-1]) + 1 if kept.size else 0      # rows low..t-1 lose the hold, nothing else
+        S2[low:t, i] = False
+        rows.append(np.arange(low, t))
+        s = low - 1
+    if s >= 0 and (low == t and others.any() or s > i and not S[s, i]):
+        # row t changed beyond column i, or i was recomputed in stage s to be held from s + 1 (no
+        # longer): the rows from s down settle anew, as far as they change
+        lowest = prune_rows(graph, S2, s, s, restore=forced)
+        rows.append(lowest + np.flatnonzero((S2[lowest:s + 1] != S[lowest:s + 1]).any(axis=1)))
+        rows.append(np.array([s]))
+    changed = np.unique(np.concatenate(rows))
+    searched = np.union1d(np.arange(t, end), changed[changed < low])
+    R2 = _recompute_changed_stages(graph, R, S2, searched)
+    peaks2 = np.array(stage_peak)
+    peaks2[low:t] -= int(graph.mem[i])
+    # the stages whose R or whose rows of S other than column i changed, and the one before the first
+    replayed = np.union1d(np.union1d(searched, searched[searched > 0] - 1), [max(low - 1, 0)])
+    peaks2[replayed] = stage_peak_bytes(graph, R2, S2, replayed, index=index)
+    recounted = np.union1d(searched, searched[searched > 0] - 1)
+    added = (float(graph.cost[np.nonzero(R2[recounted])[1]].sum())
+             - float(graph.cost[np.nonzero(R[recounted])[1]].sum()))
+    return R2, S2, peaks2, added
+
+
+def _recompute_changed_stages(graph: "Graph", R: np.ndarray, S2: np.ndarray, changed: np.ndarray) -> np.ndarray:
     """:func:`~checkmate.schedule.minimal_recompute` of ``S2``, given ``R``, the minimal recomputation
-    of ``S``: a stage's needs depend only on its own row of S and the next, so only the stages next to
-    a row that changed are searched again (a drop changes a few rows; the full search of every stage
-    was a third of the repair's time on a 446-node U-Net)."""
-    changed = np.flatnonzero((S2 != S).any(axis=1))
+    of a matrix that differs from ``S2`` in the rows ``changed`` only: a stage's needs depend only on
+    its own row of S and the next, so only the stages next to a row that changed are searched again
+    (a drop changes a few rows; the full search of every stage was a third of the repair's time on a
+    446-node U-Net)."""
     R2 = np.array(R)
     for t in np.union1d(changed, changed[changed > 0] - 1).tolist():
         seeds = [t]
