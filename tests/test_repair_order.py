@@ -173,3 +173,27 @@ def test_each_drop_equals_the_rebuild(seed):
             assert added == pytest.approx(float(graph.cost @ R_ref.sum(axis=0)) - float(graph.cost @ R.sum(axis=0)))
             checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruning_rows_with_the_forced_holds_put_back_equals_the_full_pass(seed):
+    """A move that adds or drops holds in a few rows of a pruned S, settled from those rows down with the
+    forced holds put back, gives the full pruning of the changed matrix with the forced holds."""
+    from checkmate.bounds import prune_rows, prune_unused_holds
+
+    rng = np.random.default_rng(seed)
+    graph = _values_that_run_once(synthetic.random_forward(16, seed=seed, skip_prob=0.5), rng)
+    forced = forced_retention(graph)
+    assert (forced & ~graph.output[None, :]).any()
+    lower = np.tri(graph.n, k=-1, dtype=bool)
+    S = prune_unused_holds(graph, (rng.random((graph.n, graph.n)) < 0.5) & lower | forced)
+    for _ in range(40):
+        i = int(rng.integers(graph.n - 2))
+        low = int(rng.integers(i + 1, graph.n - 1))
+        high = int(rng.integers(low, graph.n - 1))
+        S2 = np.array(S)
+        S2[low:high + 1, i] = bool(rng.random() < 0.5)
+        reference = prune_unused_holds(graph, S2 | forced)
+        prune_rows(graph, S2, low, high, restore=forced)
+        assert np.array_equal(S2, reference)
+        S = S2

@@ -196,16 +196,6 @@ def _recompute_changed_stages(graph: "Graph", R: np.ndarray, S2: np.ndarray, cha
     return R2
 
 
-def _changed_rows(forced: np.ndarray, S: np.ndarray, low: int, high: int) -> tuple[int, int]:
-    """The rows of ``S`` that a move changing rows ``low..high`` changes once the forced holds are put
-    back (as every rebuild from S does): the pruning may have dropped some, and a move that makes a
-    value be recomputed can need one again (a non-recomputable input of it)."""
-    missing = np.flatnonzero((forced & ~S).any(axis=1))
-    if missing.size:
-        low, high = min(low, int(missing[0])), max(high, int(missing[-1]))
-    return low, high
-
-
 @dataclass(frozen=True)
 class _Matrices:
     """An (R, S) pair that the simulator replays without building a plan first."""
@@ -248,8 +238,12 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
             s -= 1
         S2 = np.array(S)
         S2[s + 1:t + 1, i] = True
-        return (prune_unused_holds(graph, S2 | forced, changed_rows=_changed_rows(forced, S, s + 1, t)) if settled
-                else prune_unused_holds(graph, S2 | forced))
+        if not settled:
+            return prune_unused_holds(graph, S2 | forced)
+        # the forced holds come back in each row the pruning settles, as a rebuild from S puts them
+        # back (the pruning may have dropped some, and a value recomputed now can need one)
+        prune_rows(graph, S2, s + 1, t, restore=forced)
+        return S2
 
     def move_cost(S, stage_costs, total, S2) -> float:
         """The minimal recomputation's cost under ``S2``: a stage's needs depend only on its own row
