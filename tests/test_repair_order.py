@@ -197,3 +197,50 @@ def test_pruning_rows_with_the_forced_holds_put_back_equals_the_full_pass(seed):
         prune_rows(graph, S2, low, high, restore=forced)
         assert np.array_equal(S2, reference)
         S = S2
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_each_refinement_move_equals_the_rebuild(seed):
+    """The refinement holds a recomputed value from its last stage resident instead: its pruning starts
+    where the recomputation was and its costing searches only the stages whose needs can change. Both
+    must be the rebuild's (forced holds back, full pruning, minimal R), from pruned schedules with random
+    holds, on graphs with values that run once."""
+    from checkmate.bounds import prune_unused_holds
+    from checkmate.schedule import minimal_recompute
+    from checkmate.simulate import ReadIndex, stage_peak_bytes
+    from checkmate.solvers.rounding import (_held_instead, _hold_rows, _last_resident, _move_cost,
+                                            _recompute_changed_stages)
+
+    rng = np.random.default_rng(seed)
+    graph = synthetic.random_forward(18, seed=seed, skip_prob=0.5)
+    if seed % 2:
+        graph = _values_that_run_once(graph, rng)
+    forced = forced_retention(graph)
+    lower = np.tri(graph.n, k=-1, dtype=bool)
+    checked = 0
+    for density in (0.7, 0.4, 0.15):
+        S = prune_unused_holds(graph, (rng.random((graph.n, graph.n)) < density) & lower | forced)
+        R = minimal_recompute(graph, S)
+        stage_costs = (R * graph.cost[None, :]).sum(axis=1)
+        index = ReadIndex(graph)
+        peaks = stage_peak_bytes(graph, R, S, index=index)
+        for t, i in np.argwhere(np.tril(R, -1)).tolist():
+            S2 = _held_instead(graph, forced, R, S, t, i, True)
+            raw = np.array(S)
+            raw[_last_resident(R, S, t, i) + 1:t + 1, i] = True
+            S_ref = prune_unused_holds(graph, raw | forced)
+            assert np.array_equal(S2, S_ref), (t, i)
+            R_ref = minimal_recompute(graph, S_ref)
+            found = _move_cost(graph, R, S, stage_costs, float(stage_costs.sum()), S2, t, i)
+            assert found == pytest.approx(float(graph.cost @ R_ref.sum(axis=0)))
+            # as a move is applied: the stages it can change searched and replayed, the rest's peaks
+            # raised by the hold
+            rows, gained = _hold_rows(R, S, S2, t, i)
+            stages = np.union1d(rows, rows[rows > 0] - 1)
+            assert np.array_equal(_recompute_changed_stages(graph, R, S2, rows), R_ref), (t, i)
+            peaks2 = np.array(peaks)
+            peaks2[gained] += int(graph.mem[i])
+            peaks2[stages] = stage_peak_bytes(graph, R_ref, S2, stages, index=index)
+            assert np.array_equal(peaks2, stage_peak_bytes(graph, R_ref, S_ref, index=index)), (t, i)
+            checked += 1
+    assert checked > 30

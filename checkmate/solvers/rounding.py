@@ -229,28 +229,7 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
 
     forced = forced_retention(graph)
     cost = graph.cost
-
-    def moved(R, S, t, i, settled):
-        """S after holding ``i`` instead of recomputing it in stage ``t``. ``settled``: S is its own
-        pruning, so only the rows the move changes are pruned again."""
-        s = t - 1
-        while s > i and not (R[s, i] or S[s, i]):
-            s -= 1
-        S2 = np.array(S)
-        S2[s + 1:t + 1, i] = True
-        if not settled:
-            return prune_unused_holds(graph, S2 | forced)
-        # the forced holds come back in each row the pruning settles, as a rebuild from S puts them
-        # back (the pruning may have dropped some, and a value recomputed now can need one)
-        prune_rows(graph, S2, s + 1, t, restore=forced)
-        return S2
-
-    def move_cost(S, stage_costs, total, S2) -> float:
-        """The minimal recomputation's cost under ``S2``: a stage's needs depend only on its own row
-        of S and the next, so only the stages next to a changed row are searched again."""
-        changed = np.flatnonzero((S2 != S).any(axis=1))
-        stages = np.union1d(changed, changed[changed > 0] - 1)
-        return total + sum(_stage_cost(graph, S2, t) - stage_costs[t] for t in stages.tolist())
+    index = ReadIndex(graph)
 
     # the moves are valid by construction (the minimal R of pruned holds): the array replay of the
     # peak ranks them, and the schedule returned is replayed in full at the end
@@ -258,8 +237,10 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
     moved_any = False
     while not over():
         settled = bool(np.array_equal(prune_unused_holds(graph, S | forced), S))
-        stage_costs = (minimal_recompute(graph, S) * cost[None, :]).sum(axis=1)
+        minimal = minimal_recompute(graph, S)
+        stage_costs = (minimal * cost[None, :]).sum(axis=1)
         total = float(stage_costs.sum())
+        stage_peak = None     # the stage peaks of (minimal, S), once a move is replayed
         tt, ii = np.nonzero(np.tril(R, -1))
         if columns is not None:
             keep = np.isin(ii, columns)
@@ -271,7 +252,7 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
         for t, i in zip(tt.tolist(), ii.tolist()):
             if over():
                 break
-            found = move_cost(S, stage_costs, total, moved(R, S, t, i, settled))
+            found = _move_cost(graph, R, S, stage_costs, total, _held_instead(graph, forced, R, S, t, i, settled), t, i)
             if found < cheaper:
                 moves.append((found, len(moves), t, i))
         # the cheapest move that fits is taken; then the others, in the same order, each costed again
@@ -284,16 +265,25 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
                 break
             if not R[t, i]:
                 continue
-            if taken:
-                settled = bool(np.array_equal(prune_unused_holds(graph, S | forced), S))
-            S2 = moved(R, S, t, i, settled)
-            R2 = minimal_recompute(graph, S2)
-            cost2 = float(cost[np.nonzero(R2)[1]].sum())
+            S2 = _held_instead(graph, forced, R, S, t, i, settled)
+            # the stages next to the rows the move changed are searched and replayed again (the minimal
+            # recomputation and the array replay of the rest are those of S)
+            rows, gained = _hold_rows(R, S, S2, t, i)
+            stages = np.union1d(rows, rows[rows > 0] - 1)
+            R2 = _recompute_changed_stages(graph, minimal, S2, rows)
+            cost2 = total + float(cost[np.nonzero(R2[stages])[1]].sum()) - float(cost[np.nonzero(minimal[stages])[1]].sum())
             if cost2 >= current_cost - 1e-12 * abs(current_cost):
                 continue
-            if peak_memory_bytes(graph, R2, S2) > budget_bytes:
+            if stage_peak is None:
+                stage_peak = stage_peak_bytes(graph, minimal, S, index=index)
+            peaks2 = np.array(stage_peak)
+            peaks2[gained] += int(graph.mem[i])
+            peaks2[stages] = stage_peak_bytes(graph, R2, S2, stages, index=index)
+            if int(graph.fixed_mem) + int(peaks2.max()) > budget_bytes:
                 continue
+            # a move's S is the pruning of itself with the forced holds: settled
             R, S, current_cost, taken, moved_any = R2, S2, cost2, True, True
+            minimal, total, stage_peak, settled = R2, cost2, peaks2, True
         if not taken:
             break
     if moved_any:
@@ -305,6 +295,53 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
     if current is not candidate:
         current = Candidate(current.schedule, current.cost, current.peak_bytes, candidate.source + ", improved")
     return current
+
+
+def _last_resident(R: np.ndarray, S: np.ndarray, t: int, i: int) -> int:
+    """The last stage before ``t`` in which ``i`` is computed or held (the hold starts after it)."""
+    s = t - 1
+    while s > i and not (R[s, i] or S[s, i]):
+        s -= 1
+    return s
+
+def _held_instead(graph: "Graph", forced: np.ndarray, R: np.ndarray, S: np.ndarray, t: int, i: int,
+                  settled: bool) -> np.ndarray:
+    """S after holding ``i`` instead of recomputing it in stage ``t``. ``settled``: S is its own
+    pruning, so only the rows the move changes are pruned again."""
+    s = _last_resident(R, S, t, i)
+    S2 = np.array(S)
+    S2[s + 1:t + 1, i] = True
+    if not settled:
+        return prune_unused_holds(graph, S2 | forced)
+    # the stages between s and t only gain i, held into the next stage and read by none of them:
+    # they are settled as they are. The pruning starts at t, where i is no longer recomputed (the
+    # inputs held for it may be useless now), and goes down as far as rows change, with the forced
+    # holds put back in each (a rebuild from S puts them back)
+    prune_rows(graph, S2, t, t, restore=forced)
+    return S2
+
+def _hold_rows(R: np.ndarray, S: np.ndarray, S2: np.ndarray, t: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of ``S2`` (a move of :func:`_held_instead` on ``S``) whose stages' needs can change, and
+    the rows between that only gain the hold of ``i``: these stages hold ``i`` into the next one and
+    none of them computes or reads it, so their needs are as they were and their peaks ``mem[i]``
+    higher (when the next row too only gains the hold)."""
+    s = _last_resident(R, S, t, i)
+    diff = S2 != S
+    gained = np.zeros(S.shape[0], dtype=bool)
+    gained[s + 1:t] = S2[s + 1:t, i] & ~S[s + 1:t, i]
+    diff[s + 1:t, i] &= ~gained[s + 1:t]
+    changed = np.union1d(np.flatnonzero(diff.any(axis=1)), [s, t] if s >= 0 else [t])
+    return changed, np.flatnonzero(gained & ~diff.any(axis=1))
+
+
+def _move_cost(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_costs: np.ndarray, total: float,
+               S2: np.ndarray, t: int, i: int) -> float:
+    """The minimal recomputation's cost under ``S2``: a stage's needs depend only on its own row
+    of S and the next, so only the stages next to a row that changed are searched again, but for the
+    stages between s and t that only gain the hold of ``i`` (:func:`_hold_rows`)."""
+    changed, _ = _hold_rows(R, S, S2, t, i)
+    stages = np.union1d(changed, changed[changed > 0] - 1)
+    return total + sum(_stage_cost(graph, S2, u) - stage_costs[u] for u in stages.tolist())
 
 
 def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, deadline: float,
@@ -364,9 +401,7 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
         t, i = int(tt[k]), int(ii[k])
         failed.add((t, i))
         # held from the last stage before t in which it is resident (as a refinement move holds it)
-        s = t - 1
-        while s > i and not (R[s, i] or S[s, i]):
-            s -= 1
+        s = _last_resident(R, S, t, i)
         S2 = np.array(S)
         S2[s + 1:t + 1, i] = True
         S2 = prune_unused_holds(graph, S2 | forced)
