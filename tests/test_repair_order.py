@@ -131,6 +131,25 @@ def _values_that_run_once(graph, rng):
     return graph_from_dict(data)
 
 
+def _pruned_starts(seed, rng, densities):
+    """A random graph (with values that run once for odd seeds) and, per density of random holds, its
+    pruned S with the forced holds, minimal R and stage peaks."""
+    from checkmate.bounds import prune_unused_holds
+    from checkmate.schedule import minimal_recompute
+    from checkmate.simulate import ReadIndex, stage_peak_bytes
+
+    graph = synthetic.random_forward(18, seed=seed, skip_prob=0.5)
+    if seed % 2:
+        graph = _values_that_run_once(graph, rng)
+    forced = forced_retention(graph)
+    index = ReadIndex(graph)
+    lower = np.tri(graph.n, k=-1, dtype=bool)
+    for density in densities:
+        S = prune_unused_holds(graph, (rng.random((graph.n, graph.n)) < density) & lower | forced)
+        R = minimal_recompute(graph, S)
+        yield graph, forced, index, S, R, stage_peak_bytes(graph, R, S, index=index)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_each_drop_equals_the_rebuild(seed):
     """The repair evaluates a drop by searching only the rows it changes (the hold's column back to the
@@ -139,21 +158,12 @@ def test_each_drop_equals_the_rebuild(seed):
     pruned schedules with random holds (holds that begin with a recomputation) and forced ones."""
     from checkmate.bounds import prune_unused_holds
     from checkmate.schedule import minimal_recompute
-    from checkmate.simulate import ReadIndex, peak_memory_bytes, stage_peak_bytes
+    from checkmate.simulate import peak_memory_bytes, stage_peak_bytes
     from checkmate.solvers.rounding import _drop_hold
 
     rng = np.random.default_rng(seed)
-    graph = synthetic.random_forward(18, seed=seed, skip_prob=0.5)
-    if seed % 2:
-        graph = _values_that_run_once(graph, rng)
-    forced = forced_retention(graph)
-    index = ReadIndex(graph)
-    lower = np.tri(graph.n, k=-1, dtype=bool)
     checked = 0
-    for density in (1.0, 0.6, 0.3):
-        S = prune_unused_holds(graph, (rng.random((graph.n, graph.n)) < density) & lower | forced)
-        R = minimal_recompute(graph, S)
-        peaks = stage_peak_bytes(graph, R, S, index=index)
+    for graph, forced, index, S, R, peaks in _pruned_starts(seed, rng, (1.0, 0.6, 0.3)):
         assert graph.fixed_mem + peaks.max() == peak_memory_bytes(graph, R, S) == simulate(
             graph, schedule_from_retain(graph, S)).peak_memory_bytes
         stages = np.sort(rng.choice(graph.n, size=7, replace=False))
@@ -207,23 +217,14 @@ def test_each_refinement_move_equals_the_rebuild(seed):
     holds, on graphs with values that run once."""
     from checkmate.bounds import prune_unused_holds
     from checkmate.schedule import minimal_recompute
-    from checkmate.simulate import ReadIndex, stage_peak_bytes
+    from checkmate.simulate import stage_peak_bytes
     from checkmate.solvers.rounding import (_held_instead, _hold_rows, _last_resident, _move_cost,
                                             _recompute_changed_stages)
 
     rng = np.random.default_rng(seed)
-    graph = synthetic.random_forward(18, seed=seed, skip_prob=0.5)
-    if seed % 2:
-        graph = _values_that_run_once(graph, rng)
-    forced = forced_retention(graph)
-    lower = np.tri(graph.n, k=-1, dtype=bool)
     checked = 0
-    for density in (0.7, 0.4, 0.15):
-        S = prune_unused_holds(graph, (rng.random((graph.n, graph.n)) < density) & lower | forced)
-        R = minimal_recompute(graph, S)
+    for graph, forced, index, S, R, peaks in _pruned_starts(seed, rng, (0.7, 0.4, 0.15)):
         stage_costs = (R * graph.cost[None, :]).sum(axis=1)
-        index = ReadIndex(graph)
-        peaks = stage_peak_bytes(graph, R, S, index=index)
         for t, i in np.argwhere(np.tril(R, -1)).tolist():
             S2 = _held_instead(graph, forced, R, S, t, i, True)
             raw = np.array(S)

@@ -18,7 +18,7 @@ from checkmate._deadline import no_deadline
 from checkmate.bounds import prune_rows, prune_unused_holds
 from checkmate.errors import TimeLimitError
 from checkmate.schedule import Schedule, minimal_recompute, stage_needed
-from checkmate.simulate import ReadIndex, peak_memory_bytes, simulate, stage_peak_bytes
+from checkmate.simulate import ReadIndex, simulate, stage_peak_bytes
 from checkmate.solvers.candidates import Candidate, evaluate, forced_retention, schedule_from_retain
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,10 +63,9 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     sim = simulate(graph, _Matrices(R, S))
     if not sim.valid:
         return None
-    cost, peak = sim.compute_cost, sim.peak_memory_bytes
-    n = graph.n
+    peak = sim.peak_memory_bytes
     changed = False
-    # each stage's peak and cost, so that a drop replays only the stages next to the rows it changes
+    # each stage's peak, so that a drop replays only the stages next to the rows it changes
     index = ReadIndex(graph)
     stage_peak = stage_peak_bytes(graph, R, S, index=index)
 
@@ -114,7 +113,7 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
             if not sim.valid:
                 return None
             R, S, stage_peak = best
-            cost, peak, changed = sim.compute_cost, sim.peak_memory_bytes, True
+            peak, changed = sim.peak_memory_bytes, True
     except TimeLimitError:   # a deadline scope around the caller
         give_up()
         raise
