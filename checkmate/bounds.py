@@ -16,7 +16,7 @@ import numpy as np
 
 from checkmate._deadline import check_deadline, seconds_left
 from checkmate.schedule import Schedule
-from checkmate.simulate import simulate
+from checkmate.simulate import ReadIndex, simulate
 
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
@@ -74,14 +74,9 @@ def largest_working_set_bytes(graph: "Graph") -> int:
 
 
 # ------------------------------------------------------------------------------------------ holds
-class InputIndex:
-    """The graph's inputs lists flattened, for array-wide "is value i read in stage t" queries."""
-
-    def __init__(self, graph: "Graph"):
-        self.in_degree = np.fromiter((len(d) for d in graph.deps), dtype=np.int64, count=graph.n)
-        self.inputs = np.fromiter((d for ds in graph.deps for d in ds), dtype=np.int64,
-                                  count=int(self.in_degree.sum()))
-        self.first_input = np.cumsum(self.in_degree) - self.in_degree
+class InputIndex(ReadIndex):
+    """The graph's inputs lists flattened (:class:`~checkmate.simulate.ReadIndex`), for array-wide
+    "is value i read in stage t" queries."""
 
     def read_in_stage(self, R: np.ndarray) -> np.ndarray:
         """``used[t, i]``: some node computed in stage ``t`` reads value ``i``."""

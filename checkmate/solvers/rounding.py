@@ -303,6 +303,7 @@ def _last_resident(R: np.ndarray, S: np.ndarray, t: int, i: int) -> int:
         s -= 1
     return s
 
+
 def _held_instead(graph: "Graph", forced: np.ndarray, R: np.ndarray, S: np.ndarray, t: int, i: int,
                   settled: bool) -> np.ndarray:
     """S after holding ``i`` instead of recomputing it in stage ``t``. ``settled``: S is its own
@@ -318,6 +319,7 @@ def _held_instead(graph: "Graph", forced: np.ndarray, R: np.ndarray, S: np.ndarr
     # holds put back in each (a rebuild from S puts them back)
     prune_rows(graph, S2, t, t, restore=forced)
     return S2
+
 
 def _hold_rows(R: np.ndarray, S: np.ndarray, S2: np.ndarray, t: int, i: int) -> tuple[np.ndarray, np.ndarray]:
     """The rows of ``S2`` (a move of :func:`_held_instead` on ``S``) whose stages' needs can change, and
