@@ -206,8 +206,9 @@ def hub_densenet():
     return hub.models.DenseNetImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
 
 
-# keras.applications models that refuse inputs below a size of their own (InceptionV3: 75, Xception: 71)
-IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75}
+# keras.applications models that refuse inputs below a size of their own (InceptionV3 and
+# InceptionResNetV2: 75, Xception: 71)
+IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75, "InceptionResNetV2": 75}
 
 
 def _application(name):
@@ -264,6 +265,7 @@ EXTRA_MODELS = {
     "resnet50v2": (_application("ResNet50V2"), "image"),
     "convnextsmall": (_application("ConvNeXtSmall"), "image"),
     "densenet169": (_application("DenseNet169"), "image"),
+    "inceptionresnetv2": (_application("InceptionResNetV2"), "image"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
 HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet"}
