@@ -127,24 +127,44 @@ def test_auto_computes_the_memory_bound_once_with_the_hierarchical_plan(monkeypa
 
 def test_the_repair_searches_again_only_the_stages_a_drop_changes(monkeypatch):
     # every recomputation the repair derives from the rows a drop changed is the minimal one of the
-    # whole matrix, and the repair lands where it did with the full search
+    # whole matrix, and the repair lands where it does with each drop rebuilt in full
+    from checkmate.bounds import prune_unused_holds
     from checkmate.schedule import minimal_recompute
+    from checkmate.simulate import stage_peak_bytes
 
     graph = long_skip_unet()
     budget = parse_budget("50%", graph)
-    real = rounding._recompute_changed_stages
-    checked = []
+    real_drop, real_for = rounding._drop_hold, rounding._recomputed_for
+    searched, closed = [], []
 
-    def checking(graph_, R, S2, changed):
-        R2 = real(graph_, R, S2, changed)
-        assert np.array_equal(R2, minimal_recompute(graph_, S2))
-        checked.append(len(changed))
-        return R2
+    def checking(graph_, R, S, peaks, forced, t, i, index):
+        out = real_drop(graph_, R, S, peaks, forced, t, i, index)
+        assert np.array_equal(out[0], minimal_recompute(graph_, out[1]))
+        return out
 
-    monkeypatch.setattr(rounding, "_recompute_changed_stages", checking)
+    def counting(graph_, R, S2, forced, i, reading):
+        out = real_for(graph_, R, S2, forced, i, reading)
+        closed.append(out is not None)
+        searched.append(len(reading))
+        return out
+
+    def rebuilt(graph_, R, S, peaks, forced, t, i, index):
+        raw = np.array(S)
+        end = t
+        while end < graph_.n and raw[end, i]:
+            raw[end, i] = False
+            end += 1
+        S2 = prune_unused_holds(graph_, raw | forced)
+        R2 = minimal_recompute(graph_, S2)
+        added = float(graph_.cost @ R2.sum(axis=0)) - float(graph_.cost @ R.sum(axis=0))
+        return R2, S2, stage_peak_bytes(graph_, R2, S2, index=index), added
+
+    monkeypatch.setattr(rounding, "_drop_hold", checking)
+    monkeypatch.setattr(rounding, "_recomputed_for", counting)
     fast = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
-    assert len(checked) > 20 and 0 < max(checked) < graph.n
-    monkeypatch.setattr(rounding, "_recompute_changed_stages", lambda graph_, R, S2, changed: minimal_recompute(graph_, S2))
+    # the stages a drop searches again are the few that read the value, not the whole hold
+    assert len(closed) > 20 and all(closed) and 0 < max(searched) < graph.n
+    monkeypatch.setattr(rounding, "_drop_hold", rebuilt)
     full = repair_to_budget(graph, checkpoint_all_schedule(graph), budget)
     assert fast is not None and full is not None
     assert np.array_equal(fast.schedule.retain, full.schedule.retain) and fast.cost == full.cost

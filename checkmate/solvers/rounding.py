@@ -80,7 +80,7 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
             if deadline is not None and time.perf_counter() > deadline:
                 give_up()
                 return None
-            t = sim.peak_step.stage
+            t = int(np.argmax(stage_peak))   # the first stage at the peak, as the replay's peak step
             best, best_score = None, math.inf
             held = np.flatnonzero(S[t] & ~forced[t])
             # a hold that began with a recomputation may end with it: its drop can cost nothing, so it
@@ -109,11 +109,9 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
             if best is None:
                 give_up()
                 return None
-            sim = simulate(graph, _Matrices(*best[:2]))
-            if not sim.valid:
-                return None
+            # the drop's stage peaks are the replay's (tests check each drop against the rebuild)
             R, S, stage_peak = best
-            peak, changed = sim.peak_memory_bytes, True
+            peak, changed = int(graph.fixed_mem) + int(stage_peak.max()), True
     except TimeLimitError:   # a deadline scope around the caller
         give_up()
         raise
@@ -131,27 +129,40 @@ def _drop_hold(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_peak: np.ndar
 
     Below ``t`` the hold becomes useless back to the last stage that reads ``i`` (or holds it by force
     or computes it): in each stage between, only column ``i`` changes, nothing is recomputed, and the
-    stage's peak drops by ``mem[i]`` (the value sat there throughout). A hold that began with a
-    recomputation in stage ``s`` ends with it: that stage's needs shrink, and the rows from ``s`` down
-    are pruned again in full. Tests check every drop against the rebuild.
+    stage's peak drops by ``mem[i]`` (the value sat there throughout). From ``t`` on the same holds for
+    every stage that does not read ``i``; a stage that reads it computes it again, with the inputs it
+    needs that are neither held nor computed there (:func:`_recomputed_for`), and is replayed: a stage
+    that reads more makes no hold useless, so nothing else changes, unless such an input is a forced
+    hold that was pruned (the rows from ``t`` are then settled in full, with the forced holds put
+    back). A hold that began with a recomputation in stage ``s`` ends with it: that stage's needs
+    shrink, and the rows from ``s`` down are pruned again in full. Tests check every drop against the
+    rebuild.
     """
     n = graph.n
+    held_on = S[t:, i]
+    end = n if held_on.all() else t + int(np.argmin(held_on))   # the first stage from t not holding i
     S2 = np.array(S)
-    end = t
-    while end < n and S2[end, i]:
-        S2[end, i] = False
-        end += 1
-    # the stages that lose the hold: settled with the forced holds put back (a value recomputed now may
-    # need one that was pruned), which changes nothing else unless such a hold returns
-    prune_rows(graph, S2, t, end - 1, restore=forced, floor=t)
+    S2[t:end, i] = False
+    users = list(graph.users[i])
+    reading = t + np.flatnonzero(R[t:end][:, users].any(axis=1)) if users else np.zeros(0, dtype=np.int64)
+    closures = _recomputed_for(graph, R, S2, forced, i, reading)
+    if closures is None:
+        # a recomputation needs a forced hold that was pruned: the stages that lose the hold are settled
+        # with the forced holds put back, which changes nothing else unless such a hold returns
+        prune_rows(graph, S2, t, end - 1, restore=forced, floor=t)
+        others = S2[t] != S[t]
+        others[i] = False
+        R2 = None
+    else:
+        others = np.zeros(0, dtype=bool)
+        R2 = np.array(R)
+        for u, nodes in closures.items():
+            R2[u, nodes] = True
     rows = [np.arange(t, end)]
-    others = S2[t] != S[t]
-    others[i] = False
     if others.any():
         low = t
         s = t - 1
     else:
-        users = list(graph.users[i])
         read = R[:t][:, users].any(axis=1) if users else np.zeros(t, dtype=bool)
         stays = ~S[:t, i] | read | bool(graph.output[i])
         kept = np.flatnonzero(stays)
@@ -166,17 +177,53 @@ def _drop_hold(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_peak: np.ndar
         rows.append(lowest + np.flatnonzero((S2[lowest:s + 1] != S[lowest:s + 1]).any(axis=1)))
         rows.append(np.array([s]))
     changed = np.unique(np.concatenate(rows))
-    searched = np.union1d(np.arange(t, end), changed[changed < low])
-    R2 = _recompute_changed_stages(graph, R, S2, searched)
+    below = changed[changed < low]
     peaks2 = np.array(stage_peak)
     peaks2[low:t] -= int(graph.mem[i])
+    if R2 is None:
+        searched = np.union1d(np.arange(t, end), below)
+        R2 = _recompute_changed_stages(graph, R, S2, searched)
+    else:
+        # the stages from t that do not read i only lose it (it sat there throughout); those that
+        # read it compute it again, and are replayed
+        peaks2[t:end] -= int(graph.mem[i])
+        if below.size:
+            R2 = _recompute_changed_stages(graph, R2, S2, below)
+        searched = np.union1d(reading, np.union1d(below, below[below > 0] - 1))
     # the stages whose R or whose rows of S other than column i changed, and the one before the first
-    replayed = np.union1d(np.union1d(searched, searched[searched > 0] - 1), [max(low - 1, 0)])
+    replayed = np.union1d(np.union1d(searched, searched[searched > 0] - 1) if closures is None else searched,
+                          [max(low - 1, 0)])
     peaks2[replayed] = stage_peak_bytes(graph, R2, S2, replayed, index=index)
-    recounted = np.union1d(searched, searched[searched > 0] - 1)
+    recounted = np.union1d(searched, searched[searched > 0] - 1) if closures is None else searched
     added = (float(graph.cost[np.nonzero(R2[recounted])[1]].sum())
              - float(graph.cost[np.nonzero(R[recounted])[1]].sum()))
     return R2, S2, peaks2, added
+
+
+def _recomputed_for(graph: "Graph", R: np.ndarray, S2: np.ndarray, forced: np.ndarray, i: int,
+                    reading: np.ndarray) -> dict[int, list[int]] | None:
+    """For each stage of ``reading`` (stages that read ``i``, which ``S2`` no longer holds there), the
+    nodes it computes in addition to its row of ``R``: ``i`` and, through the inputs neither held nor
+    computed there already, the values it needs. Nothing else in those stages changes (a stage that
+    reads more makes no hold useless). None when one of them needs a forced hold that the pruning
+    took out (the caller then settles the rows in full)."""
+    deps = graph.deps
+    out: dict[int, list[int]] = {}
+    for u in reading.tolist():
+        held, done = S2[u].tobytes(), R[u].tobytes()
+        nodes, stack = [i], [i]
+        seen = {i}
+        while stack:
+            for d in deps[stack.pop()]:
+                if d in seen or held[d] or done[d]:
+                    continue
+                if forced[u, d]:
+                    return None
+                seen.add(d)
+                nodes.append(d)
+                stack.append(d)
+        out[u] = nodes
+    return out
 
 
 def _recompute_changed_stages(graph: "Graph", R: np.ndarray, S2: np.ndarray, changed: np.ndarray) -> np.ndarray:
