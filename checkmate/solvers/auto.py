@@ -87,10 +87,12 @@ AUTO_HIERARCHICAL_FIRST_MIN_NODES = 80
 AUTO_TARGET_GAP = 0.02
 # Up to this size, when no schedule is within AUTO_TARGET_GAP of the bound, the holds of checkpoint-all
 # are dropped at the peak, cheapest per byte, until it fits (U-Nets of 326 and 446 nodes at 40-50%:
-# 1.04x against 1.15-1.31x from the structured strategies, in 10-30 s on two loaded cores). Each drop
-# replays O(n^2) cells for a few candidates: beyond, it rarely finishes in a compile's time limit.
+# 1.04x against 1.15-1.31x from the structured strategies). A drop searches and replays only the
+# stages that read the value: from checkpoint-all on one core, DenseNet121's graph (1580 nodes) at
+# 60% in 6 s, InceptionResNetV2's (2867) at 50% of its activations in 9 s, NASNetMobile's (2621) at
+# 70% in 23 s. Beyond, a drop copies matrices of tens of MB, as the refinement's moves do.
 # Measured: experiments/results/README.md, section i.
-AUTO_DROP_START_MAX_NODES = 500
+AUTO_DROP_START_MAX_NODES = 4000
 # On graphs beyond the flat MILP whose plan misses AUTO_TARGET_GAP, the share of the time left that
 # the drops from checkpoint-all may take before the rest of the floor runs (a drop that does not finish
 # leaves the floor the other half). Measured: experiments/results/README.md, section i.
