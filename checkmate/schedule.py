@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from checkmate._deadline import check_deadline
+from checkmate._deadline import check_deadline, no_deadline
 from checkmate.errors import InvalidArgumentError, InvalidScheduleError
 from checkmate.io import atomic_write_json, read_text
 from checkmate.simulate import walk
@@ -49,7 +49,9 @@ class Schedule:
 
     recompute: np.ndarray
     retain: np.ndarray
-    plan: tuple[PlanStep, ...]
+    # the plan; None until first read when built by from_matrices, which derives it then (the local
+    # searches build and compare many schedules whose plans are never read)
+    _plan: tuple[PlanStep, ...] | None
     graph_name: str = ""
     strategy: str = ""
     budget_bytes: int | None = None
@@ -57,19 +59,30 @@ class Schedule:
     # the graph's topological order, which differs from the file's ids when those are not 0..n-1 in
     # a topological order. Written to schedule files so that they can be checked against the graph file.
     node_ids: tuple = ()
+    _graph: Any = field(default=None, repr=False)
 
     @classmethod
     def from_matrices(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
                       budget_bytes: int | None = None) -> "Schedule":
         R = _frozen_bool(recompute, graph.n, "recompute")
         S = _frozen_bool(retain, graph.n, "retain")
-        plan: list[PlanStep] = []
-        for event in walk(graph, R, S):
-            if event[0] == "compute":
-                plan.append(("compute", int(event[2])))
-            elif event[0] == "free":
-                plan.append(("free", int(event[2])))
-        return cls(R, S, tuple(plan), graph.name, strategy, budget_bytes, tuple(graph.source_ids))
+        return cls(R, S, None, graph.name, strategy, budget_bytes, tuple(graph.source_ids), graph)
+
+    @property
+    def plan(self) -> tuple[PlanStep, ...]:
+        """The executable plan: ``("compute", i)`` and ``("free", i)`` steps, in order, as the memory
+        model derives them from R and S."""
+        if self._plan is None:
+            plan: list[PlanStep] = []
+            with no_deadline():   # derived when first read, wherever that is: never cut short
+                for event in walk(self._graph, self.recompute, self.retain):
+                    if event[0] == "compute":
+                        plan.append(("compute", int(event[2])))
+                    elif event[0] == "free":
+                        plan.append(("free", int(event[2])))
+            object.__setattr__(self, "_plan", tuple(plan))
+            object.__setattr__(self, "_graph", None)
+        return self._plan
 
     @classmethod
     def from_retain(cls, graph: "Graph", retain: Any, *, strategy: str = "",
@@ -91,9 +104,9 @@ class Schedule:
         return int(self.recompute.sum()) - self.n
 
     def with_meta(self, *, strategy: str | None = None, budget_bytes: int | None = None) -> "Schedule":
-        return Schedule(self.recompute, self.retain, self.plan, self.graph_name,
+        return Schedule(self.recompute, self.retain, self._plan, self.graph_name,
                         self.strategy if strategy is None else strategy,
-                        self.budget_bytes if budget_bytes is None else budget_bytes, self.node_ids)
+                        self.budget_bytes if budget_bytes is None else budget_bytes, self.node_ids, self._graph)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Schedule):

@@ -60,14 +60,15 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     # pruned once here, so that each drop below re-prunes only the rows it changes
     S = prune_unused_holds(graph, first.schedule.retain | forced)
     R = minimal_recompute(graph, S)
-    sim = simulate(graph, _Matrices(R, S))
-    if not sim.valid:
-        return None
-    peak = sim.peak_memory_bytes
+    if not (np.array_equal(S, first.schedule.retain) and np.array_equal(R, first.schedule.recompute)):
+        sim = simulate(graph, _Matrices(R, S))
+        if not sim.valid:
+            return None
     changed = False
     # each stage's peak, so that a drop replays only the stages next to the rows it changes
     index = ReadIndex(graph)
     stage_peak = stage_peak_bytes(graph, R, S, index=index)
+    peak = int(graph.fixed_mem) + int(stage_peak.max())
 
     def give_up() -> None:
         """Hand the least-peak schedule reached to ``lowest`` (replayed whatever the deadline)."""
