@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from checkmate._deadline import check_deadline, no_deadline
+from checkmate._deadline import check_deadline
 from checkmate.errors import InvalidArgumentError, InvalidScheduleError
 from checkmate.io import atomic_write_json, read_text
 from checkmate.simulate import walk
@@ -64,6 +64,15 @@ class Schedule:
     @classmethod
     def from_matrices(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
                       budget_bytes: int | None = None) -> "Schedule":
+        schedule = cls._deferred(graph, recompute, retain, strategy=strategy, budget_bytes=budget_bytes)
+        schedule.plan    # derived now, within the caller's time limit (millions of steps on large graphs)
+        return schedule
+
+    @classmethod
+    def _deferred(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
+                  budget_bytes: int | None = None) -> "Schedule":
+        """:meth:`from_matrices` with the plan derived when first read: the local searches build many
+        schedules whose plans are never read."""
         R = _frozen_bool(recompute, graph.n, "recompute")
         S = _frozen_bool(retain, graph.n, "retain")
         return cls(R, S, None, graph.name, strategy, budget_bytes, tuple(graph.source_ids), graph)
@@ -74,12 +83,11 @@ class Schedule:
         model derives them from R and S."""
         if self._plan is None:
             plan: list[PlanStep] = []
-            with no_deadline():   # derived when first read, wherever that is: never cut short
-                for event in walk(self._graph, self.recompute, self.retain):
-                    if event[0] == "compute":
-                        plan.append(("compute", int(event[2])))
-                    elif event[0] == "free":
-                        plan.append(("free", int(event[2])))
+            for event in walk(self._graph, self.recompute, self.retain):
+                if event[0] == "compute":
+                    plan.append(("compute", int(event[2])))
+                elif event[0] == "free":
+                    plan.append(("free", int(event[2])))
             object.__setattr__(self, "_plan", tuple(plan))
             object.__setattr__(self, "_graph", None)
         return self._plan

@@ -74,7 +74,7 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
         """Hand the least-peak schedule reached to ``lowest`` (replayed whatever the deadline)."""
         if lowest is not None and changed:
             with no_deadline():
-                lowest.append(evaluate(graph, Schedule.from_matrices(graph, R, S), "repair"))
+                lowest.append(evaluate(graph, Schedule._deferred(graph, R, S), "repair"))
 
     try:
         while peak > budget_bytes:
@@ -118,7 +118,7 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
         raise
     if not changed:
         return first
-    return evaluate(graph, Schedule.from_matrices(graph, R, S), "repair")
+    return evaluate(graph, Schedule._deferred(graph, R, S), "repair")
 
 
 def _drop_hold(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_peak: np.ndarray, forced: np.ndarray,
@@ -337,7 +337,7 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
         with no_deadline():   # the check of the schedule found is never cut short
             sim = simulate(graph, _Matrices(R, S))
         if sim.valid and sim.peak_memory_bytes <= budget_bytes and sim.compute_cost < candidate.cost:
-            current = Candidate(Schedule.from_matrices(graph, R, S), sim.compute_cost, sim.peak_memory_bytes,
+            current = Candidate(Schedule._deferred(graph, R, S), sim.compute_cost, sim.peak_memory_bytes,
                                 candidate.source)
     if current is not candidate:
         current = Candidate(current.schedule, current.cost, current.peak_bytes, candidate.source + ", improved")
@@ -460,7 +460,7 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
         exchanged.add(key)
         # polled against ``deadline`` by the repair itself, which gives up (None) when it passes
         with no_deadline():
-            repaired = repair_to_budget(graph, Schedule.from_matrices(graph, minimal_recompute(graph, S2), S2),
+            repaired = repair_to_budget(graph, Schedule._deferred(graph, minimal_recompute(graph, S2), S2),
                                         budget_bytes, deadline=deadline)
         if repaired is None or repaired.peak_bytes > budget_bytes:
             continue
