@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from checkmate._deadline import check_deadline
+from checkmate._deadline import check_deadline, no_deadline
 from checkmate.errors import InvalidArgumentError, InvalidScheduleError
 from checkmate.io import atomic_write_json, read_text
 from checkmate.simulate import walk
@@ -29,6 +29,17 @@ __all__ = ["Schedule", "minimal_recompute", "stage_needed", "load_schedule", "sa
 SCHEDULE_FORMAT = "checkmate-schedule/1"
 
 PlanStep = tuple[str, int]
+
+
+def _derive_plan(graph: "Graph", R: np.ndarray, S: np.ndarray) -> tuple[PlanStep, ...]:
+    """The compute and free steps of (R, S), in order, as the memory model's walk yields them."""
+    plan: list[PlanStep] = []
+    for event in walk(graph, R, S):
+        if event[0] == "compute":
+            plan.append(("compute", int(event[2])))
+        elif event[0] == "free":
+            plan.append(("free", int(event[2])))
+    return tuple(plan)
 
 
 def _frozen_bool(array: Any, n: int, what: str) -> np.ndarray:
@@ -49,8 +60,8 @@ class Schedule:
 
     recompute: np.ndarray
     retain: np.ndarray
-    # the plan; None until first read when built by from_matrices, which derives it then (the local
-    # searches build and compare many schedules whose plans are never read)
+    # the plan; None until first read when built by _deferred (the local searches build and compare many
+    # schedules whose plans are never read)
     _plan: tuple[PlanStep, ...] | None
     graph_name: str = ""
     strategy: str = ""
@@ -64,9 +75,10 @@ class Schedule:
     @classmethod
     def from_matrices(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
                       budget_bytes: int | None = None) -> "Schedule":
-        schedule = cls._deferred(graph, recompute, retain, strategy=strategy, budget_bytes=budget_bytes)
-        schedule.plan    # derived now, within the caller's time limit (millions of steps on large graphs)
-        return schedule
+        R = _frozen_bool(recompute, graph.n, "recompute")
+        S = _frozen_bool(retain, graph.n, "retain")
+        # derived now, within the caller's time limit (millions of steps on large graphs)
+        return cls(R, S, _derive_plan(graph, R, S), graph.name, strategy, budget_bytes, tuple(graph.source_ids))
 
     @classmethod
     def _deferred(cls, graph: "Graph", recompute: Any, retain: Any, *, strategy: str = "",
@@ -82,13 +94,9 @@ class Schedule:
         """The executable plan: ``("compute", i)`` and ``("free", i)`` steps, in order, as the memory
         model derives them from R and S."""
         if self._plan is None:
-            plan: list[PlanStep] = []
-            for event in walk(self._graph, self.recompute, self.retain):
-                if event[0] == "compute":
-                    plan.append(("compute", int(event[2])))
-                elif event[0] == "free":
-                    plan.append(("free", int(event[2])))
-            object.__setattr__(self, "_plan", tuple(plan))
+            with no_deadline():   # a finished schedule's plan, read wherever: never cut short
+                plan = _derive_plan(self._graph, self.recompute, self.retain)
+            object.__setattr__(self, "_plan", plan)
             object.__setattr__(self, "_graph", None)
         return self._plan
 

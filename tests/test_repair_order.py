@@ -4,6 +4,7 @@ early: it must choose exactly what trying every drop at the peak chooses."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -253,3 +254,18 @@ def test_each_refinement_move_equals_the_rebuild(seed):
             assert np.array_equal(peaks2, stage_peak_bytes(graph, R_ref, S_ref, index=index)), (t, i)
             checked += 1
     assert checked > 30
+
+
+def test_a_deferred_schedule_has_the_plan_of_one_built_at_once():
+    """The local searches build schedules whose plan is derived when first read: it must be the plan
+    that :meth:`Schedule.from_matrices` derives, also when read under an expired time limit."""
+    from checkmate._deadline import deadline_scope
+    from checkmate.schedule import Schedule
+
+    rng = np.random.default_rng(3)
+    for graph, forced, index, S, R, peaks in _pruned_starts(3, rng, (0.6,)):
+        deferred = Schedule._deferred(graph, R, S)
+        with deadline_scope(time.perf_counter() - 1.0):
+            plan = deferred.plan
+        assert plan == Schedule.from_matrices(graph, R, S).plan and len(plan) >= graph.n
+        assert deferred == Schedule.from_matrices(graph, R, S)
