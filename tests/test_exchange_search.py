@@ -169,3 +169,50 @@ def test_the_repair_searches_again_only_the_stages_a_drop_changes(monkeypatch):
     assert fast is not None and full is not None
     assert np.array_equal(fast.schedule.retain, full.schedule.retain) and fast.cost == full.cost
     assert_valid_schedule(graph, fast.schedule, budget)
+
+
+def test_the_move_memo_changes_nothing_but_the_work(monkeypatch, skip_unet_at_half):
+    # the exchanges keep each refinement move's cost and budget verdict while the rows it reads are
+    # unchanged: the search must land on the very schedule it reaches when every move is costed again,
+    # and the memo must have served moves (else this compares a search with itself)
+    graph, budget, start = skip_unet_at_half
+    served = []
+    real_get = rounding._MoveMemo.get
+
+    def counting_get(self, t, i):
+        found = real_get(self, t, i)
+        served.append(found is not None)
+        return found
+
+    monkeypatch.setattr(rounding._MoveMemo, "get", counting_get)
+    with_memo = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, tries=60, seed=3,
+                                cost_draws=0.5)
+    assert sum(served) > 50
+    monkeypatch.setattr(rounding._MoveMemo, "get", lambda self, t, i: None)
+    without = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, tries=60, seed=3,
+                              cost_draws=0.5)
+    assert with_memo.cost < start.cost
+    assert np.array_equal(with_memo.schedule.retain, without.schedule.retain)
+    assert with_memo.cost == without.cost
+    assert_valid_schedule(graph, with_memo.schedule, budget)
+
+
+def test_the_array_replay_of_the_repair_and_refinement_is_the_full_replay(skip_unet_at_half):
+    # the exchanges repair and refine without a full replay of each result: the cost and peak of the
+    # array replay must be the simulator's, on the same schedules
+    graph, budget, start = skip_unet_at_half
+    for pct in ("80%", "65%", "50%"):
+        b = parse_budget(pct, graph)
+        full = repair_to_budget(graph, checkpoint_all_schedule(graph), b)
+        fast = repair_to_budget(graph, checkpoint_all_schedule(graph), b, replay=False)
+        assert np.array_equal(full.schedule.retain, fast.schedule.retain)
+        sim = simulate(graph, fast.schedule)
+        assert sim.valid and fast.peak_bytes == sim.peak_memory_bytes <= b
+        assert fast.cost == pytest.approx(sim.compute_cost, rel=1e-12)
+        refined = improve_by_holding(graph, full, b)
+        quick = improve_by_holding(graph, fast, b, replay=False)
+        assert refined.cost < full.cost
+        assert np.array_equal(refined.schedule.retain, quick.schedule.retain)
+        sim = simulate(graph, quick.schedule)
+        assert sim.valid and quick.peak_bytes == sim.peak_memory_bytes <= b
+        assert quick.cost == pytest.approx(sim.compute_cost, rel=1e-12)

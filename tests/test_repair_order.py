@@ -227,8 +227,8 @@ def test_each_refinement_move_equals_the_rebuild(seed):
     from checkmate.bounds import prune_unused_holds
     from checkmate.schedule import minimal_recompute
     from checkmate.simulate import stage_peak_bytes
-    from checkmate.solvers.rounding import (_held_instead, _hold_rows, _last_resident, _move_cost,
-                                            _recompute_changed_stages)
+    from checkmate.solvers.rounding import (_held_instead, _held_instead_rows, _hold_rows, _last_resident,
+                                            _move_cost, _recompute_changed_stages)
 
     rng = np.random.default_rng(seed)
     checked = 0
@@ -246,6 +246,12 @@ def test_each_refinement_move_equals_the_rebuild(seed):
             # as a move is applied: the stages it can change searched and replayed, the rest's peaks
             # raised by the hold
             rows, gained = _hold_rows(R, S, S2, t, i)
+            # the rows the move can change lie from the lowest one it reports up to t: comparing only
+            # those gives the same rows
+            S3, low = _held_instead_rows(graph, forced, R, S, t, i, True)
+            assert np.array_equal(S3, S2) and np.array_equal(S2[:low], S[:low]) and np.array_equal(S2[t + 1:], S[t + 1:])
+            rows3, gained3 = _hold_rows(R, S, S2, t, i, low)
+            assert np.array_equal(rows3, rows) and np.array_equal(gained3, gained)
             stages = np.union1d(rows, rows[rows > 0] - 1)
             assert np.array_equal(_recompute_changed_stages(graph, R, S2, rows), R_ref), (t, i)
             peaks2 = np.array(peaks)

@@ -32,7 +32,8 @@ RANDOM_ROUNDINGS = 64
 
 
 def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
-                     deadline: float | None = None, lowest: list | None = None) -> Candidate | None:
+                     deadline: float | None = None, lowest: list | None = None,
+                     replay: bool = True) -> Candidate | None:
     """Greedily drop holds until the replayed peak fits, or give up (None).
 
     ``lowest``, when given, receives the least-peak schedule reached (a :class:`Candidate`) when the
@@ -50,9 +51,16 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
     of ``i`` (no recomputation of ``i`` before it becomes unneeded), while it frees at most ``mem[i]`` at
     the peak. The ratio bounds the score from below, and the drops left untried cannot win (the same
     choice as trying all, with many times fewer replays).
+
+    ``replay=False``: ``schedule`` is known valid (the minimal recomputation of its holds), and the
+    result's cost and peak are those of the array replay of its stages, with no full replay of the
+    start or of the result (the exchanges of :func:`hold_and_repair` replay the schedule they keep).
     """
     forced = forced_retention(graph)
-    first = evaluate(graph, schedule, "repair")
+    if replay:
+        first = evaluate(graph, schedule, "repair")
+    else:
+        first = _array_candidate(graph, schedule.recompute, schedule.retain, schedule=schedule)
     if first is None:
         return None
     # the candidates are replayed from their matrices (no plan is built): the schedule of the drop kept
@@ -118,7 +126,20 @@ def repair_to_budget(graph: "Graph", schedule: Schedule, budget_bytes: int, *,
         raise
     if not changed:
         return first
+    if not replay:
+        return _array_candidate(graph, R, S, stage_peak=stage_peak)
     return evaluate(graph, Schedule._deferred(graph, R, S), "repair")
+
+
+def _array_candidate(graph: "Graph", R: np.ndarray, S: np.ndarray, *, stage_peak: np.ndarray | None = None,
+                     schedule: Schedule | None = None, source: str = "repair") -> Candidate:
+    """The candidate of a valid ``(R, S)`` with the cost and peak of the array replay of its stages
+    (``stage_peak`` when known)."""
+    if stage_peak is None:
+        stage_peak = stage_peak_bytes(graph, R, S)
+    peak = int(graph.fixed_mem) + (int(stage_peak.max()) if stage_peak.size else 0)
+    cost = float(graph.cost[np.nonzero(R)[1]].sum())
+    return Candidate(schedule if schedule is not None else Schedule._deferred(graph, R, S), cost, peak, source)
 
 
 def _drop_hold(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_peak: np.ndarray, forced: np.ndarray,
@@ -252,7 +273,8 @@ class _Matrices:
 
 
 def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, *,
-                       deadline: float | None = None, stop=None, columns: np.ndarray | None = None) -> Candidate:
+                       deadline: float | None = None, stop=None, columns: np.ndarray | None = None,
+                       memo: "_MoveMemo | None" = None, replay: bool = True) -> Candidate:
     """Local search: replace recomputations by holds while the replayed peak still fits.
 
     A move takes one recomputation ``R[t, i]`` (``i < t``) and holds ``i`` instead, from the last
@@ -267,7 +289,12 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
     peak is replayed only for the moves that lower the cost, and the schedule returned in full.
     ``stop`` (a callable), when given, ends the search as soon as it returns True (polled between moves).
     ``columns``, when given, limits the moves to the recomputations of those values (a search after a
-    change to a few values' holds of a schedule refined already).
+    change to a few values' holds of a schedule refined already). ``memo`` (a :class:`_MoveMemo` for
+    this graph and budget), when given, keeps each move's cost, and whether it breaks the budget, from
+    one round or call to the next while the rows of R and S it reads are unchanged: the exchanges
+    refine schedules that differ from each other in a few rows. ``replay=False``: the schedule found
+    is returned with the cost and peak of the array replay of its stages, not replayed in full (the
+    exchanges replay the one they keep).
     """
     current = candidate
 
@@ -296,12 +323,23 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
         # (cost, t, i) of each move that lowers the cost; the matrices are rebuilt for the few replayed
         # (keeping them all would take n^2 bytes per move on large graphs)
         moves = []
+        if memo is not None:
+            memo.sync(R, S)
         for t, i in zip(tt.tolist(), ii.tolist()):
             if over():
                 break
-            found = _move_cost(graph, R, S, stage_costs, total, _held_instead(graph, forced, R, S, t, i, settled), t, i)
-            if found < cheaper:
-                moves.append((found, len(moves), t, i))
+            known = memo.get(t, i) if memo is not None and settled else None
+            if known is not None:
+                delta = known[0]
+            else:
+                S2, low = _held_instead_rows(graph, forced, R, S, t, i, settled)
+                rows, _ = _hold_rows(R, S, S2, t, i, low)
+                stages = np.union1d(rows, rows[rows > 0] - 1)
+                delta = sum(_stage_cost(graph, S2, u) - stage_costs[u] for u in stages.tolist())
+                if memo is not None and settled:
+                    memo.put(t, i, min(low, int(stages[0])), delta)
+            if total + delta < cheaper:
+                moves.append((total + delta, len(moves), t, i))
         # the cheapest move that fits is taken; then the others, in the same order, each costed again
         # on the schedule as it now is and taken when it still lowers the cost and fits: one costing of
         # every move serves many moves (a U-Net at 40% of checkpoint-all took a hundred rounds of one
@@ -312,10 +350,13 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
                 break
             if not R[t, i]:
                 continue
-            S2 = _held_instead(graph, forced, R, S, t, i, settled)
+            known = memo.get(t, i) if memo is not None and settled else None
+            if known is not None and (known[1] or total + known[0] >= current_cost - 1e-12 * abs(current_cost)):
+                continue      # the rows it reads are as they were when it was found not to fit or gain
+            S2, low = _held_instead_rows(graph, forced, R, S, t, i, settled)
             # the stages next to the rows the move changed are searched and replayed again (the minimal
             # recomputation and the array replay of the rest are those of S)
-            rows, gained = _hold_rows(R, S, S2, t, i)
+            rows, gained = _hold_rows(R, S, S2, t, i, low)
             stages = np.union1d(rows, rows[rows > 0] - 1)
             R2 = _recompute_changed_stages(graph, minimal, S2, rows)
             cost2 = total + float(cost[np.nonzero(R2[stages])[1]].sum()) - float(cost[np.nonzero(minimal[stages])[1]].sum())
@@ -327,13 +368,23 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
             peaks2[gained] += int(graph.mem[i])
             peaks2[stages] = stage_peak_bytes(graph, R2, S2, stages, index=index)
             if int(graph.fixed_mem) + int(peaks2.max()) > budget_bytes:
+                if (memo is not None and settled
+                        and int(graph.fixed_mem) + int(peaks2[np.union1d(stages, gained)].max()) > budget_bytes):
+                    # over the budget in the rows it changes: so it stays while they do
+                    memo.put(t, i, min(low, int(stages[0])), cost2 - total, over=True)
                 continue
             # a move's S is the pruning of itself with the forced holds: settled
             R, S, current_cost, taken, moved_any = R2, S2, cost2, True, True
             minimal, total, stage_peak, settled = R2, cost2, peaks2, True
+            if memo is not None:
+                memo.sync(R, S)
         if not taken:
             break
-    if moved_any:
+    if moved_any and not replay:
+        found = _array_candidate(graph, R, S, stage_peak=stage_peak, source=candidate.source)
+        if found.peak_bytes <= budget_bytes and found.cost < candidate.cost:
+            current = found
+    elif moved_any:
         with no_deadline():   # the check of the schedule found is never cut short
             sim = simulate(graph, _Matrices(R, S))
         if sim.valid and sim.peak_memory_bytes <= budget_bytes and sim.compute_cost < candidate.cost:
@@ -344,51 +395,105 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
     return current
 
 
+class _MoveMemo:
+    """What the moves of :func:`improve_by_holding` (on one graph, at one budget) were found to cost,
+    and which broke the budget in the rows they change, kept while the rows they read are unchanged.
+
+    A move ``(t, i)`` on a settled ``(R, S)`` reads rows ``low..t + 1`` of R and S only (the last
+    stage before ``t`` holding ``i``, the pruning down from ``t``, the stages next to the rows it
+    changes and their next rows): each row's content is hashed, and an entry holds the hash of its
+    rows' hashes; it is used while that matches. The local searches of :func:`hold_and_repair` refine
+    one schedule after another that differ in a few rows, and cost each of their moves again.
+    """
+
+    def __init__(self, n: int):
+        self.row_hash = np.zeros(n, dtype=np.int64)
+        self.R: np.ndarray | None = None
+        self.S: np.ndarray | None = None
+        self.entries: dict[tuple[int, int], tuple[int, int, int, float, bool]] = {}
+        self.hits = 0
+
+    def sync(self, R: np.ndarray, S: np.ndarray) -> None:
+        """The rows' hashes for ``(R, S)`` (those of the rows that differ from the last pair synced)."""
+        if self.S is None:
+            rows = range(S.shape[0])
+        elif R is self.R and S is self.S:
+            return
+        else:
+            rows = np.flatnonzero((R != self.R).any(axis=1) | (S != self.S).any(axis=1)).tolist()
+        for u in rows:
+            self.row_hash[u] = hash((R[u].tobytes(), S[u].tobytes()))
+        self.R, self.S = R, S
+
+    def _key(self, low: int, t: int) -> int:
+        return hash(self.row_hash[low:t + 2].tobytes())
+
+    def get(self, t: int, i: int) -> tuple[float, bool] | None:
+        """(cost change, breaks the budget) of the move on the pair synced last, or None if unknown."""
+        entry = self.entries.get((t, i))
+        if entry is None or entry[0] != self._key(entry[1], t):
+            return None
+        self.hits += 1
+        return entry[3], entry[4]
+
+    def put(self, t: int, i: int, low: int, delta: float, over: bool = False) -> None:
+        self.entries[(t, i)] = (self._key(low, t), low, t, delta, over)
+
+
 def _last_resident(R: np.ndarray, S: np.ndarray, t: int, i: int) -> int:
     """The last stage before ``t`` in which ``i`` is computed or held (the hold starts after it)."""
-    s = t - 1
-    while s > i and not (R[s, i] or S[s, i]):
-        s -= 1
-    return s
+    resident = np.flatnonzero(R[i + 1:t, i] | S[i + 1:t, i])
+    return int(i + 1 + resident[-1]) if resident.size else i
 
 
 def _held_instead(graph: "Graph", forced: np.ndarray, R: np.ndarray, S: np.ndarray, t: int, i: int,
                   settled: bool) -> np.ndarray:
     """S after holding ``i`` instead of recomputing it in stage ``t``. ``settled``: S is its own
     pruning, so only the rows the move changes are pruned again."""
+    return _held_instead_rows(graph, forced, R, S, t, i, settled)[0]
+
+
+def _held_instead_rows(graph: "Graph", forced: np.ndarray, R: np.ndarray, S: np.ndarray, t: int, i: int,
+                       settled: bool) -> tuple[np.ndarray, int]:
+    """:func:`_held_instead`, and the lowest row of S it can have changed (none above ``t``)."""
     s = _last_resident(R, S, t, i)
     S2 = np.array(S)
     S2[s + 1:t + 1, i] = True
     if not settled:
-        return prune_unused_holds(graph, S2 | forced)
+        return prune_unused_holds(graph, S2 | forced), 0
     # the stages between s and t only gain i, held into the next stage and read by none of them:
     # they are settled as they are. The pruning starts at t, where i is no longer recomputed (the
     # inputs held for it may be useless now), and goes down as far as rows change, with the forced
     # holds put back in each (a rebuild from S puts them back)
-    prune_rows(graph, S2, t, t, restore=forced)
-    return S2
+    lowest = prune_rows(graph, S2, t, t, restore=forced)
+    return S2, min(lowest, s + 1)
 
 
-def _hold_rows(R: np.ndarray, S: np.ndarray, S2: np.ndarray, t: int, i: int) -> tuple[np.ndarray, np.ndarray]:
+def _hold_rows(R: np.ndarray, S: np.ndarray, S2: np.ndarray, t: int, i: int,
+               low: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The rows of ``S2`` (a move of :func:`_held_instead` on ``S``) whose stages' needs can change, and
     the rows between that only gain the hold of ``i``: these stages hold ``i`` into the next one and
     none of them computes or reads it, so their needs are as they were and their peaks ``mem[i]``
-    higher (when the next row too only gains the hold)."""
+    higher (when the next row too only gains the hold). ``low``: no row below it differs (rows
+    above ``t`` never do), so only the rows from ``low`` to ``t`` are compared."""
     s = _last_resident(R, S, t, i)
-    diff = S2 != S
+    low = max(0, min(low, s + 1))
+    diff = S2[low:t + 1] != S[low:t + 1]
     gained = np.zeros(S.shape[0], dtype=bool)
     gained[s + 1:t] = S2[s + 1:t, i] & ~S[s + 1:t, i]
-    diff[s + 1:t, i] &= ~gained[s + 1:t]
-    changed = np.union1d(np.flatnonzero(diff.any(axis=1)), [s, t] if s >= 0 else [t])
-    return changed, np.flatnonzero(gained & ~diff.any(axis=1))
+    diff[s + 1 - low:t - low, i] &= ~gained[s + 1:t]
+    differs = np.zeros(S.shape[0], dtype=bool)
+    differs[low:t + 1] = diff.any(axis=1)
+    changed = np.union1d(np.flatnonzero(differs), [s, t] if s >= 0 else [t])
+    return changed, np.flatnonzero(gained & ~differs)
 
 
 def _move_cost(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_costs: np.ndarray, total: float,
-               S2: np.ndarray, t: int, i: int) -> float:
+               S2: np.ndarray, t: int, i: int, low: int = 0) -> float:
     """The minimal recomputation's cost under ``S2``: a stage's needs depend only on its own row
     of S and the next, so only the stages next to a row that changed are searched again, but for the
     stages between s and t that only gain the hold of ``i`` (:func:`_hold_rows`)."""
-    changed, _ = _hold_rows(R, S, S2, t, i)
+    changed, _ = _hold_rows(R, S, S2, t, i, low)
     stages = np.union1d(changed, changed[changed > 0] - 1)
     return total + sum(_stage_cost(graph, S2, u) - stage_costs[u] for u in stages.tolist())
 
@@ -431,6 +536,8 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
     # two recomputations can give the same holds once the unused ones are pruned (the same value
     # recomputed twice in one span it is now held over): the same exchange, not repaired twice
     exchanged: set[bytes] = set()
+    # the refinements below cost the moves of schedules that differ from the current one in a few rows
+    memo = _MoveMemo(graph.n)
     while not over() and (tries is None or tried < tries):
         R, S = current.schedule.recompute, current.schedule.retain
         tt, ii = np.nonzero(np.tril(R, -1))
@@ -461,7 +568,7 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
         # polled against ``deadline`` by the repair itself, which gives up (None) when it passes
         with no_deadline():
             repaired = repair_to_budget(graph, Schedule._deferred(graph, minimal_recompute(graph, S2), S2),
-                                        budget_bytes, deadline=deadline)
+                                        budget_bytes, deadline=deadline, replay=False)
         if repaired is None or repaired.peak_bytes > budget_bytes:
             continue
         if np.array_equal(repaired.schedule.retain, S):
@@ -472,12 +579,14 @@ def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, 
         # whose holds the exchange changed (the rest was refined already: a search of every
         # recomputation took 29 s of a 40 s exchange on DenseNet121's graph, against 1 s for these)
         changed = np.union1d(np.flatnonzero((repaired.schedule.retain != S).any(axis=0)), [i])
-        narrow = improve_by_holding(graph, repaired, budget_bytes, deadline=deadline, stop=stop, columns=changed)
+        narrow = improve_by_holding(graph, repaired, budget_bytes, deadline=deadline, stop=stop, columns=changed,
+                                    memo=memo, replay=False)
         # not enough, or a gain: the peak the drops moved can free holds of other values too
         # (DenseNet121's graph at 60%: the whole search gained 1.0735x to 1.0673x in 20 s, these alone
         # nothing), and a schedule kept is refined in full, so that an exchange the repair undoes
         # leaves nothing to refine
-        narrow = improve_by_holding(graph, narrow, budget_bytes, deadline=deadline, stop=stop)
+        narrow = improve_by_holding(graph, narrow, budget_bytes, deadline=deadline, stop=stop, memo=memo,
+                                    replay=False)
         repaired = narrow
         if repaired.cost < current.cost * (1 - 1e-9) and repaired.peak_bytes <= budget_bytes:
             current = Candidate(repaired.schedule, repaired.cost, repaired.peak_bytes, candidate.source)
