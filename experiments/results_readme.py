@@ -1178,7 +1178,10 @@ TUNED_CONSTANTS = [
      "3-6): factor 6, 1.0694x (1.87% from the bound, ended at the target after 114.6 s); factor 3, 1.0792x "
      "(2.76%, 96.1 s, beside a test run); before, with draws repeated and factor 3, 1.0767x (2.53%, 77.9 s). "
      "From auto's 1.0767x schedule, one exchange search of 120 s (load 4-6) first gained after 95 s and "
-     "reached 1.0694x after 114 s: the gains come late, and the factor gives them the time."),
+     "reached 1.0694x after 114 s: the gains come late, and the factor gives them the time. With the "
+     "exchanges' memo of move costs (three times the exchanges per second), auto reaches that graph's 1.87% "
+     "in 10 s, the 446-node U-Net's 1.98% at 30% in 7 s and DenseNet121's 1.99% at 60% in 71 s "
+     "(`solver_quality_memo.md`)."),
     ("`TRACE_RUNS` (`tf2/profiling.py`)", "41",
      "Traced runs of the plain step (within `DEFAULT_TIME_BUDGET_S`). One plan of the diffusion U-Net of "
      "`experiments/wall_clock.py` at 50%, its step profiled from an empty cache four times for each count, in "
