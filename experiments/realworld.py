@@ -34,8 +34,9 @@ Writes experiments/results/realworld.csv and realworld.md (the table and the com
 
 By name only (:data:`EXTRA_MODELS`): MobileNetV2, DeiT, BART and T5 (``Seq2SeqLM``: encoder and
 decoder tokens), DeBERTa-v3 and XLM-RoBERTa classifiers, Mistral, Mixtral (4 experts), Falcon, Bloom,
-Qwen3, Phi-3 and GPT-NeoX causal LMs; KerasHub's ResNet and DenseNet classifiers; keras.applications
-EfficientNetB2, MobileNetV3Large, ResNet50V2, ConvNeXtSmall and DenseNet169.
+Qwen3, Qwen3-MoE (4 experts, top 2), Phi-3 and GPT-NeoX causal LMs; KerasHub's ResNet and DenseNet
+classifiers; keras.applications EfficientNetB2, MobileNetV3Large, ResNet50V2, ConvNeXtSmall and
+DenseNet169.
 """
 
 from __future__ import annotations
@@ -256,6 +257,8 @@ EXTRA_MODELS = {
     "falcon": (_causal_lm_of("Falcon", num_attention_heads=4), "lm"),
     "bloom": (_causal_lm_of("Bloom", num_heads=4), "lm"),
     "qwen3": (_causal_lm_of("Qwen3", num_query_heads=4, num_key_value_heads=2, head_dim=HIDDEN // 4), "lm"),
+    "qwen3moe": (_causal_lm_of("Qwen3Moe", num_query_heads=4, num_key_value_heads=2, head_dim=HIDDEN // 4,
+                               moe_intermediate_dim=HIDDEN, num_experts=4, top_k=2), "lm"),
     "phi3": (_causal_lm_of("Phi3", num_query_heads=4, num_key_value_heads=2), "lm"),
     "gptneox": (_causal_lm_of("GPTNeoX", num_heads=4), "lm"),
     "hubresnet": (hub_resnet, "image"),
