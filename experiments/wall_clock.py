@@ -1,7 +1,8 @@
 """Predicted against measured step time, and checkmate against the heuristics users would pick instead.
 
-Four models that no test or other experiment uses (a decoder-only transformer, a residual MLP, a
-diffusion-style U-Net with GroupNorm/SiLU and skip concatenations, a residual CNN), each compiled by
+Five models that no test or other experiment uses (a decoder-only transformer, a residual MLP, a
+diffusion-style U-Net with GroupNorm/SiLU and skip concatenations, a residual CNN, a DenseNet-style CNN
+whose layers read the concatenation of every earlier output of their block), each compiled by
 ``checkmate.tf2.compile`` with a budget only (every other argument at its default: profiled costs,
 ``strategy="auto"``). For each budget the compiled step's gradients are timed against the plain
 traced ``tf.GradientTape`` step (Grappler on, as users run it), interleaved in one process, median of
@@ -239,7 +240,39 @@ def diffusion_unet(batch=4, size=32, base=16, levels=3, classes=3):
     return forward, (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch, size, size), tf.int32)), classes
 
 
-MODELS = {"transformer": decoder_transformer, "resmlp": residual_mlp, "unet": diffusion_unet, "cnn": residual_cnn}
+def dense_cnn(batch=16, size=32, growth=12, layers_per_block=4, blocks=3, classes=10):
+    """DenseNet-style CNN: in each dense block every BN-ReLU-conv layer reads the concatenation of
+    all earlier outputs; 1x1 conv and pooling between blocks. The blocks are the dense blocks."""
+    keras = _keras()
+    layers = keras.layers
+    keras.utils.set_random_seed(5)
+
+    def dense_block(b):
+        parts = [(layers.BatchNormalization(name=f"b{b}_l{k}_bn"), layers.Activation("relu", name=f"b{b}_l{k}_relu"),
+                  layers.Conv2D(growth, 3, padding="same", name=f"b{b}_l{k}_conv"),
+                  layers.Concatenate(name=f"b{b}_l{k}_cat")) for k in range(layers_per_block)]
+
+        def apply(x, training=None):
+            for bn, relu, conv, cat in parts:
+                x = cat([x, conv(relu(bn(x, training=training)))])
+            return x
+        return apply
+
+    def transition(b):
+        return _seq(layers.Conv2D(2 * growth, 1, name=f"t{b}_conv"), layers.AveragePooling2D(2, name=f"t{b}_pool"))
+
+    chain = [_seq(layers.Conv2D(2 * growth, 3, padding="same", name="stem"))]
+    for b in range(blocks):
+        chain.append(dense_block(b))
+        if b < blocks - 1:
+            chain.append(transition(b))
+    chain.append(_seq(layers.GlobalAveragePooling2D(name="gap"), layers.Dense(classes, name="logits")))
+    import tensorflow as tf
+    return _chain(chain), (tf.TensorSpec((batch, size, size, 3)), tf.TensorSpec((batch,), tf.int32)), classes
+
+
+MODELS = {"transformer": decoder_transformer, "resmlp": residual_mlp, "unet": diffusion_unet, "cnn": residual_cnn,
+          "dense": dense_cnn}
 
 
 def build(name: str, remat_scope: bool = False):
