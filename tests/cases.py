@@ -171,3 +171,27 @@ def brute_force_optimum(graph: Graph, budget_bytes: int) -> tuple[float, Schedul
         if best is None or sim.compute_cost < best[0] - 1e-9:
             best = (sim.compute_cost, schedule)
     return best
+
+
+def exchanges_with_and_without_memo(monkeypatch, graph: Graph, start, budget_bytes: int, *, tries: int, seed: int):
+    """``hold_and_repair`` from ``start`` twice, with the same draws: first with its move memo (counting
+    the moves it served), then with every move costed again. Returns (with memo, without, served)."""
+    import time
+
+    from checkmate.solvers import rounding
+
+    served = []
+    real_get = rounding._MoveMemo.get
+
+    def counting(self, t, i):
+        out = real_get(self, t, i)
+        served.append(out is not None)
+        return out
+
+    monkeypatch.setattr(rounding._MoveMemo, "get", counting)
+    with_memo = rounding.hold_and_repair(graph, start, budget_bytes, deadline=time.perf_counter() + 300, tries=tries,
+                                         seed=seed, cost_draws=0.5)
+    monkeypatch.setattr(rounding._MoveMemo, "get", lambda self, t, i: None)
+    without = rounding.hold_and_repair(graph, start, budget_bytes, deadline=time.perf_counter() + 300, tries=tries,
+                                       seed=seed, cost_draws=0.5)
+    return with_memo, without, sum(served)

@@ -14,7 +14,7 @@ from checkmate.simulate import simulate
 from checkmate.solvers import parse_budget
 from checkmate.solvers.rounding import hold_and_repair, improve_by_holding, repair_to_budget
 
-from cases import assert_valid_schedule
+from cases import assert_valid_schedule, exchanges_with_and_without_memo
 from quality_graphs import long_skip_unet
 
 
@@ -176,21 +176,8 @@ def test_the_move_memo_changes_nothing_but_the_work(monkeypatch, skip_unet_at_ha
     # unchanged: the search must land on the very schedule it reaches when every move is costed again,
     # and the memo must have served moves (else this compares a search with itself)
     graph, budget, start = skip_unet_at_half
-    served = []
-    real_get = rounding._MoveMemo.get
-
-    def counting_get(self, t, i):
-        found = real_get(self, t, i)
-        served.append(found is not None)
-        return found
-
-    monkeypatch.setattr(rounding._MoveMemo, "get", counting_get)
-    with_memo = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, tries=60, seed=3,
-                                cost_draws=0.5)
-    assert sum(served) > 50
-    monkeypatch.setattr(rounding._MoveMemo, "get", lambda self, t, i: None)
-    without = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 300, tries=60, seed=3,
-                              cost_draws=0.5)
+    with_memo, without, served = exchanges_with_and_without_memo(monkeypatch, graph, start, budget, tries=60, seed=3)
+    assert served > 50
     assert with_memo.cost < start.cost
     assert np.array_equal(with_memo.schedule.retain, without.schedule.retain)
     assert with_memo.cost == without.cost

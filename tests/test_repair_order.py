@@ -15,7 +15,7 @@ from checkmate.simulate import simulate
 from checkmate.solvers.candidates import evaluate, forced_retention, schedule_from_retain
 from checkmate.solvers.rounding import repair_to_budget
 
-from cases import assert_valid_schedule
+from cases import assert_valid_schedule, exchanges_with_and_without_memo
 
 
 def _repair_trying_every_drop(graph, schedule, budget_bytes):
@@ -282,8 +282,8 @@ def test_the_exchanges_land_on_the_same_schedule_with_and_without_the_move_memo(
     """The exchanges keep refinement moves' costs under a hash of the rows each reads: on random graphs
     (values that run once for seed 1: forced holds put back by the pruning) the search must land on
     the schedule it reaches when every move is costed again."""
-    from checkmate.solvers import parse_budget, rounding
-    from checkmate.solvers.rounding import hold_and_repair, improve_by_holding
+    from checkmate.solvers import parse_budget
+    from checkmate.solvers.rounding import improve_by_holding
 
     rng = np.random.default_rng(seed)
     graph = synthetic.random_forward(40, seed=seed, skip_prob=0.4)
@@ -298,21 +298,9 @@ def test_the_exchanges_land_on_the_same_schedule_with_and_without_the_move_memo(
             break
     assert found is not None
     budget, start = found
-    served = []
-    real_get = rounding._MoveMemo.get
-
-    def counting(self, t, i):
-        out = real_get(self, t, i)
-        served.append(out is not None)
-        return out
-
-    monkeypatch.setattr(rounding._MoveMemo, "get", counting)
-    with_memo = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 120, tries=40, seed=seed,
-                                cost_draws=0.5)
-    monkeypatch.setattr(rounding._MoveMemo, "get", lambda self, t, i: None)
-    without = hold_and_repair(graph, start, budget, deadline=time.perf_counter() + 120, tries=40, seed=seed,
-                              cost_draws=0.5)
-    assert any(served) and with_memo.cost < start.cost     # the exchanges gained: schedules changed
+    with_memo, without, served = exchanges_with_and_without_memo(monkeypatch, graph, start, budget, tries=40,
+                                                                 seed=seed)
+    assert served > 0 and with_memo.cost < start.cost     # the exchanges gained: schedules changed
     assert np.array_equal(with_memo.schedule.retain, without.schedule.retain)
     assert with_memo.cost == without.cost
     assert_valid_schedule(graph, with_memo.schedule, budget)
