@@ -333,11 +333,9 @@ def improve_by_holding(graph: "Graph", candidate: Candidate, budget_bytes: int, 
                 delta = known[0]
             else:
                 S2, low = _held_instead_rows(graph, forced, R, S, t, i, settled)
-                rows, _ = _hold_rows(R, S, S2, t, i, low)
-                stages = np.union1d(rows, rows[rows > 0] - 1)
-                delta = sum(_stage_cost(graph, S2, u) - stage_costs[u] for u in stages.tolist())
+                delta, first = _move_delta(graph, R, S, stage_costs, S2, t, i, low)
                 if memo is not None and settled:
-                    memo.put(t, i, min(low, int(stages[0])), delta)
+                    memo.put(t, i, min(low, first), delta)
             if total + delta < cheaper:
                 moves.append((total + delta, len(moves), t, i))
         # the cheapest move that fits is taken; then the others, in the same order, each costed again
@@ -411,7 +409,6 @@ class _MoveMemo:
         self.R: np.ndarray | None = None
         self.S: np.ndarray | None = None
         self.entries: dict[tuple[int, int], tuple[int, int, int, float, bool]] = {}
-        self.hits = 0
 
     def sync(self, R: np.ndarray, S: np.ndarray) -> None:
         """The rows' hashes for ``(R, S)`` (those of the rows that differ from the last pair synced)."""
@@ -433,7 +430,6 @@ class _MoveMemo:
         entry = self.entries.get((t, i))
         if entry is None or entry[0] != self._key(entry[1], t):
             return None
-        self.hits += 1
         return entry[3], entry[4]
 
     def put(self, t: int, i: int, low: int, delta: float, over: bool = False) -> None:
@@ -493,9 +489,15 @@ def _move_cost(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_costs: np.nda
     """The minimal recomputation's cost under ``S2``: a stage's needs depend only on its own row
     of S and the next, so only the stages next to a row that changed are searched again, but for the
     stages between s and t that only gain the hold of ``i`` (:func:`_hold_rows`)."""
+    return total + _move_delta(graph, R, S, stage_costs, S2, t, i, low)[0]
+
+
+def _move_delta(graph: "Graph", R: np.ndarray, S: np.ndarray, stage_costs: np.ndarray,
+                S2: np.ndarray, t: int, i: int, low: int = 0) -> tuple[float, int]:
+    """:func:`_move_cost` less the cost before the move, and the lowest stage it searched again."""
     changed, _ = _hold_rows(R, S, S2, t, i, low)
     stages = np.union1d(changed, changed[changed > 0] - 1)
-    return total + sum(_stage_cost(graph, S2, u) - stage_costs[u] for u in stages.tolist())
+    return sum(_stage_cost(graph, S2, u) - stage_costs[u] for u in stages.tolist()), int(stages[0])
 
 
 def hold_and_repair(graph: "Graph", candidate: Candidate, budget_bytes: int, *, deadline: float,
