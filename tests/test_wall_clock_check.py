@@ -49,3 +49,41 @@ def test_the_table_shows_the_counters_only_when_they_were_counted():
     body = next(line for line in counted.splitlines() if line.startswith("| m |"))
     assert header.count("|") == body.count("|")
     assert "| 12 / 3 | 40 / 30 | 6.2 |" in body or "| 12 / 3 | 40 / 30 | 6.3 |" in body
+
+
+class Plan:
+    def __init__(self, budget):
+        self.budget = budget
+
+
+def test_checkmate_is_solved_again_below_a_heuristic_it_measured_above():
+    # a plan measures 3 bytes above what it was given, the heuristic 100: the first budget (100 + 20
+    # resident) measures 103, the next is lower by the 3 and measures 100, where it stops
+    solved = []
+
+    def solve(budget):
+        solved.append(budget)
+        return Plan(budget)
+
+    step, used, log, error = wall_clock.solve_at_or_below(solve, lambda s: (s.budget - 20 + 3, 100), 120, 20)
+    assert solved == [120, 117] and used == 117 and step.budget == 117 and error is None
+    assert log == ["100: 103 vs 100", "97: 100 vs 100"]
+
+
+def test_an_infeasible_lower_budget_keeps_the_plan_before_it():
+    def solve(budget):
+        if budget < 120:
+            raise ValueError("infeasible")
+        return Plan(budget)
+
+    step, used, log, error = wall_clock.solve_at_or_below(solve, lambda s: (105, 100), 120, 20)
+    assert step.budget == 120 and used == 120 and error is None and log[-1] == "95: ValueError"
+    step, used, log, error = wall_clock.solve_at_or_below(solve, lambda s: (105, 100), 110, 20)
+    assert step is None and used == 110 and isinstance(error, ValueError)
+
+
+def test_the_budgets_tried_are_bounded():
+    calls = []
+    step, used, log, error = wall_clock.solve_at_or_below(lambda b: calls.append(b) or Plan(b),
+                                                          lambda s: (s.budget, s.budget - 1), 1000, 0)
+    assert len(calls) == wall_clock.COMPARE_BUDGET_TRIES and used == calls[-1] and len(log) == len(calls)
