@@ -582,8 +582,21 @@ def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
 def test_loop_with_variant_tensors_is_an_error_naming_the_op():
     inp = keras.Input((5, 3))
     out = keras.layers.Dense(2)(keras.layers.LSTM(4, name="lstm")(inp))
-    with pytest.raises(UnsupportedOpError, match=r"lstm.*while.*loop|cannot size op .*lstm"):
+    with pytest.raises(UnsupportedOpError, match=r"lstm.*while.*loop|cannot size op .*lstm") as refused:
         lower(keras.Model(inp, out), "mse", tf.TensorSpec((BATCH, 5, 3)), tf.TensorSpec((BATCH, 2)), level="op")
+    assert "unroll=True" in str(refused.value)
+
+
+def test_an_unrolled_rnn_layer_lowers_to_its_steps():
+    # what the refusal of a loop suggests: the same layer with unroll=True traces its five steps as ops
+    inp = keras.Input((5, 3))
+    out = keras.layers.Dense(2)(keras.layers.LSTM(4, unroll=True, name="lstm")(inp))
+    lg = lower(keras.Model(inp, out), "mse", tf.TensorSpec((BATCH, 5, 3)), tf.TensorSpec((BATCH, 2)), level="op")
+    assert_contract(lg)
+    types = {lg.function.graph.get_operation_by_name(op).type for ops in lg.node_ops for op in ops}
+    assert not types & {"While", "StatelessWhile"}
+    assert sum(1 for ops in lg.node_ops for op in ops
+               if lg.function.graph.get_operation_by_name(op).type == "MatMul") >= 5
 
 
 @pytest.mark.parametrize("level,gradient_nodes", [("op", False), ("layer", False), ("layer", True)])

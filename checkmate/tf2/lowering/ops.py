@@ -324,7 +324,8 @@ def _unsizeable_hint(op, ops) -> str:
     loops = [o for o in ops if o.type in ("While", "StatelessWhile")]
     if loops:
         return (f"the step contains the loop {loops[0].name!r} ({loops[0].type}), whose TensorList "
-                "accumulators cannot be sized; loops (RNN layers) are not supported")
+                "accumulators cannot be sized; loops (RNN layers) are not supported: build a Keras RNN layer "
+                "with unroll=True (a fixed sequence length) to have its steps traced as ops")
     return "checkmate needs every activation to have a static size (use fixed-shape input specs)"
 
 
