@@ -275,8 +275,10 @@ def test_a_budget_below_every_programme_is_met_by_repairing_the_one_planned_for_
     assert peak <= budget
     assert any("repaired" in note for note in plan.notes)
     assert_valid_schedule(graph, schedule, budget)
-    exact = solve(graph, budget, strategy="checkmate_milp", mip_gap=1e-9, time_limit_s=60)
-    assert cost >= exact.compute_cost - 1e-9
+    # the MILP proves no optimum of this graph within a minute; its proven bound is what the repaired
+    # programme's cost cannot be below
+    exact = solve(graph, budget, strategy="checkmate_milp", mip_gap=1e-9, time_limit_s=10)
+    assert exact.lower_bound is not None and cost >= exact.lower_bound - 1e-9
     result = solve(graph, budget, strategy="hierarchical")
     assert "repaired" in result.status and result.peak_memory_bytes <= budget
     far = int(frugal / (1 + 2 * hier.RELAXED_REPAIR_MAX_EXCESS))
