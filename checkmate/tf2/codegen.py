@@ -25,6 +25,9 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   other end, an anchor waits for an ``EnsureShape`` of the sink op's output rather than for the op
   (the remapper fuses no convolution + bias add + add whose add has a control output), and a copy
   takes no anchor on a sink whose output it reads (a second consumer of a bias add stops that fusion too).
+  Where the order joins two ops that oneDNN's layout pass merges into one (a filter gradient and its
+  bias gradient; a convolution and its bias add), the second reads the shared tensor through an
+  ``EnsureShape`` (:func:`_separate_merged_pairs`): merged, the pair would wait for itself.
   ``order="total"`` anchors every computation on the one before it. ``order="partial"`` makes a
   computation wait only for what memory needs (:func:`partial_waits`): for the consumers of the values
   the plan frees before it, where without those frees memory could exceed the plan's peak, and for the
@@ -258,6 +261,110 @@ def _check_lowered(lowered: LoweredGraph, by_name: Mapping[str, Any]) -> None:
                     raise InvalidGraphError(
                         f"op {op!r} (node {i}, {graph.nodes[i].name}) reads {src!r} (node {j}, "
                         f"{graph.nodes[j].name}) but the graph has no edge {j} -> {i}")
+
+
+# TF 2.21 on CPU with oneDNN: the layout pass (which runs after Grappler, whatever its options) merges
+# a Conv2DBackpropFilter with the BiasAddGrad that reads the same gradient, a Conv2D with the BiasAdd
+# that reads it and a Pad with the Conv2D that reads it, into one op, without looking at the paths
+# between them. Where the plan's order puts another computation between the two (one waits for the
+# first and the second for it), the merged op waits for itself: "N nodes in a cycle" when the step
+# first runs. Such a pair is kept apart: the second op reads the shared tensor through a
+# VALUE_GATE_OP, which the pass does not look through (that one pair is then not fused).
+_ONEDNN_MERGES = (("Conv2DBackpropFilter", 2, "BiasAddGrad", 0),   # (op, its input, op, its input)
+                  ("Conv2D", None, "BiasAdd", 0), ("Pad", None, "Conv2D", 0))
+
+
+def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: set) -> list[str]:
+    """Gate the second op of each pair in :data:`_ONEDNN_MERGES` that a path through other ops joins
+    (see there); returns the names of the ops gated. ``nodes`` is changed in place."""
+    by_name = {nd.name: nd for nd in nodes}
+    readers: dict[str, list] = {}
+    users: dict[str, set[str]] = {}
+    for nd in nodes:
+        for text in nd.input:
+            ctrl, src, _ = _split_input(text)
+            users.setdefault(src, set()).add(nd.name)
+            if not ctrl:
+                readers.setdefault(src, []).append(nd)
+
+    # topological positions: a path from a to b only passes ops placed before b
+    indegree = {nd.name: 0 for nd in nodes}
+    for src, us in users.items():
+        if src in indegree:
+            for u in us:
+                indegree[u] += 1
+    ready = [n for n, d in indegree.items() if d == 0]
+    position: dict[str, int] = {}
+    while ready:
+        n = ready.pop()
+        position[n] = len(position)
+        for u in users.get(n, ()):
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                ready.append(u)
+    if len(position) != len(nodes):
+        return []       # a cycle already: _check_acyclic names it
+
+    def reaches(a: str, b: str, skip_direct: bool) -> bool:
+        """A path from ``a`` to ``b`` (through another op when ``skip_direct``)."""
+        limit = position[b]
+        if position[a] >= limit:
+            return False
+        seen, todo = {a}, [u for u in users.get(a, ()) if not (skip_direct and u == b)]
+        while todo:
+            n = todo.pop()
+            if n == b:
+                return True
+            if n not in seen and position[n] < limit:
+                seen.add(n)
+                todo.extend(users.get(n, ()))
+        return False
+
+    def gate_type(tensor: str) -> tuple[Any, Any] | None:
+        """The dtype enum and shape of ``tensor`` (None where no gate may stand for it)."""
+        _, src, _ = _split_input(tensor)
+        made = by_name.get(src)
+        if made is not None and made.op == VALUE_GATE_OP and (_GATE_SUFFIX in src or _DONE_SUFFIX in src):
+            return made.attr["T"].type, made.attr["shape"].shape
+        try:
+            if not tensor_dtypes.gateable(tensor):
+                return None
+            return tensor_dtypes[tensor], tensor_dtypes.shape(tensor).as_proto()
+        except (KeyError, ValueError):
+            return None
+
+    gated = []
+    for first_op, first_input, second_op, second_input in _ONEDNN_MERGES:
+        for nd in nodes:
+            if nd.op != second_op or len(nd.input) <= second_input or nd.input[second_input].startswith("^"):
+                continue
+            tensor = nd.input[second_input]
+            _, src, _ = _split_input(tensor)
+            if first_input is None:        # the second op reads the first one's output
+                first = by_name.get(src)
+                if first is None or first.op != first_op or not reaches(src, nd.name, True):
+                    continue
+            else:                          # both read the same tensor
+                pair = [m for m in readers.get(src, ()) if m.op == first_op and len(m.input) > first_input
+                        and _split_input(m.input[first_input])[1] == src]
+                if not any(reaches(m.name, nd.name, False) or reaches(nd.name, m.name, False) for m in pair):
+                    continue
+            typed = gate_type(tensor)
+            if typed is None:
+                continue
+            gate = tf.compat.v1.NodeDef()
+            gate.op = VALUE_GATE_OP
+            gate.name = f"{src}{_GATE_SUFFIX}_apart_{len(gated)}"
+            if gate.name in taken:
+                raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gate.name!r} is taken")
+            taken.add(gate.name)
+            gate.attr["T"].type = typed[0]
+            gate.attr["shape"].shape.CopyFrom(typed[1])
+            gate.input.append(tensor)
+            nodes.append(gate)
+            nd.input[second_input] = gate.name
+            gated.append(nd.name)
+    return gated
 
 
 def _check_acyclic(nodes: Sequence[Any]) -> None:
@@ -712,6 +819,8 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         if j is not None and copies[j] > 1:
             warnings.append(f"output {t} is computed {copies[j]} times; the last copy is returned")
 
+    if order != "none":
+        _separate_merged_pairs(out_nodes, tensor_dtypes, taken)
     _check_acyclic(out_nodes)
     result = tf.compat.v1.GraphDef()
     result.versions.CopyFrom(source.versions)

@@ -728,3 +728,60 @@ def test_nasnet_style_cells_match_the_plain_step_in_float64(order):
         assert g.dtype == np.float64
         # the floor: a convolution bias before a BatchNorm has a gradient of zero, computed as ~1e-16
         assert float(np.abs(g - w).max()) <= 1e-9 * max(float(np.abs(w).max()), 1e-6)
+
+
+def _paths_joining_fusable_pairs(graph_def) -> list[tuple[str, str]]:
+    """The pairs oneDNN's layout pass merges into one op (a Conv2DBackpropFilter and the BiasAddGrad
+    reading the same op; a Conv2D or Pad and the BiasAdd or Conv2D reading it) that a path through
+    other ops joins: merged, such a pair would wait for itself."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for nd in graph_def.node:
+        g.add_node(nd.name)
+        for text in nd.input:
+            g.add_edge(text.lstrip("^").split(":")[0], nd.name)
+    by_name = {nd.name: nd for nd in graph_def.node}
+
+    def source(nd, k):
+        return nd.input[k].split(":")[0] if len(nd.input) > k and not nd.input[k].startswith("^") else None
+
+    joined = []
+    for nd in graph_def.node:
+        if nd.op == "BiasAddGrad":
+            for other in graph_def.node:
+                if other.op == "Conv2DBackpropFilter" and source(other, 2) == source(nd, 0) and (
+                        nx.has_path(g, nd.name, other.name) or nx.has_path(g, other.name, nd.name)):
+                    joined.append((other.name, nd.name))
+        first = by_name.get(source(nd, 0) or "")
+        if first is not None and (first.op, nd.op) in {("Conv2D", "BiasAdd"), ("Pad", "Conv2D")}:
+            without = g.copy()
+            without.remove_edge(first.name, nd.name)
+            if nx.has_path(without, first.name, nd.name):
+                joined.append((first.name, nd.name))
+    return joined
+
+
+def test_ops_onednn_merges_are_kept_apart_where_the_order_puts_work_between_them():
+    # A functional backbone and a Sequential head at op level, ordered at 90% of checkpoint-all:
+    # computations wait between a convolution's filter gradient and its bias gradient. Merged by
+    # oneDNN's layout pass (TF 2.21 on CPU), the step failed with "N nodes in a cycle" when first run.
+    keras.utils.set_random_seed(0)
+    inner = keras.Input((16, 16, 3))
+    h = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(inner)
+    h = keras.layers.MaxPooling2D(2)(keras.layers.Conv2D(8, 3, padding="same", activation="relu")(h))
+    backbone = keras.Model(inner, h)
+    head = keras.Sequential([keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.Conv2D(16, 1, activation="relu"),
+                             keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(10)])
+    inp = keras.Input((16, 16, 3))
+    model = keras.Model(inp, head(backbone(inp)))
+    xs, ys = tf.TensorSpec((4, 16, 16, 3)), tf.TensorSpec((4,), tf.int32)
+    lowered = lower(model, keras.losses.SparseCategoricalCrossentropy(from_logits=True), xs, ys, level="op")
+    result = solve(lowered.graph, int(checkpoint_all_peak(lowered.graph) * 0.9), strategy="griewank_logn")
+    fn = generate(lowered, result.schedule)
+    assert fn.rewritten.order == "partial"
+    assert _paths_joining_fusable_pairs(fn.rewritten.graph_def) == []
+    x, y = tf.random.normal((4, 16, 16, 3), seed=1), tf.range(4) % 10
+    (got, want), _ = run_from_same_state(model, [fn, plain(lowered)], x, y)
+    for g, w in zip([got[0], *got[1]], [want[0], *want[1]]):
+        assert_close_relative(g, w)
