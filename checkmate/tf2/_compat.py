@@ -260,3 +260,61 @@ def onednn_enabled() -> bool | None:
         return bool(_pywrap_util_port.IsMklEnabled())
     except (ImportError, AttributeError):
         return None
+
+
+# --- weights files -------------------------------------------------------------------------------
+
+def save_weights_in_model_layout(model: object, optimizer: object, filepath: str) -> None:
+    """Write ``model``'s weights to a ``.weights.h5`` file as ``model.save_weights`` writes them (its
+    layers, its own variables), with ``optimizer``'s state where a compiled model keeps its optimizer's
+    (``optimizer/``), so that the wrapped model, or a model built as it was, reads the file.
+
+    Keras 3.15 private API: ``keras.src.saving.saving_lib`` (``H5IOStore``, ``_save_state``), which
+    ``keras.Model.save_weights`` uses."""
+    from keras.src.saving import saving_lib
+
+    store = saving_lib.H5IOStore(filepath, mode="w")
+    try:
+        visited: set = set()
+        saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
+                               visited_saveables=visited)
+        if optimizer is not None and id(optimizer) not in visited:
+            saving_lib._save_state(optimizer, weights_store=store, assets_store=None, inner_path="optimizer",
+                                   visited_saveables=visited)
+    finally:
+        store.close()
+
+
+def weights_file_groups(filepath: str) -> set[str]:
+    """The top-level groups of a ``.weights.h5`` file (Keras 3.15 writes a model's layers under
+    ``layers``, its own variables under ``vars``, each attribute's saveable under its name)."""
+    import h5py
+
+    with h5py.File(filepath, "r") as f:
+        return set(f.keys())
+
+
+def load_weights_in_model_layout(model: object, optimizer: object, filepath: str, skip_mismatch: bool = False) -> None:
+    """Read a file :func:`save_weights_in_model_layout` (or the model's own ``save_weights``) wrote into
+    ``model`` and, where the file has it, ``optimizer``. A variable of the model the file lacks is an
+    error (a warning with ``skip_mismatch``), as in ``keras.Model.load_weights``; an optimizer not
+    built yet is left as it is, with Keras' own warning. Keras 3.15 private API, as above."""
+    from keras.src.saving import saving_lib
+
+    groups = weights_file_groups(filepath)
+    store = saving_lib.H5IOStore(filepath, mode="r")
+    failed: set = set()
+    errors: dict = {}
+    try:
+        visited: set = set()
+        saving_lib._load_state(model, weights_store=store, assets_store=None, inner_path="",
+                               skip_mismatch=skip_mismatch, visited_saveables=visited,
+                               failed_saveables=failed, error_msgs=errors)
+        if optimizer is not None and "optimizer" in groups and id(optimizer) not in visited:
+            saving_lib._load_state(optimizer, weights_store=store, assets_store=None, inner_path="optimizer",
+                                   skip_mismatch=skip_mismatch, visited_saveables=visited,
+                                   failed_saveables=failed, error_msgs=errors)
+    finally:
+        store.close()
+    if failed:
+        saving_lib._raise_loading_failure(errors, warn_only=skip_mismatch)

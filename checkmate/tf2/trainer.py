@@ -412,6 +412,35 @@ class StepTrainer(keras.Model):
         does for that model (``kind_loss``, ``val_kind_loss``)."""
         return getattr(self.inner, "output_names", None)
 
+    def save_weights(self, filepath, overwrite=True, max_shard_size=None):
+        """The wrapped model's weights, in the file ``model.save_weights`` writes (with the optimizer's
+        state where a compiled model keeps it): ``model.load_weights`` reads it, and so does
+        :meth:`load_weights` of a trainer of that model. Sharded files (``max_shard_size``) are Keras'
+        own, of this trainer."""
+        path = os.fspath(filepath)
+        if max_shard_size is not None or not path.endswith(".weights.h5"):
+            return super().save_weights(filepath, overwrite=overwrite, max_shard_size=max_shard_size)
+        if not overwrite and os.path.exists(path):
+            from keras.src.utils import io_utils
+
+            if not io_utils.ask_to_proceed_with_overwrite(path):
+                return None
+        optimizer = getattr(self, "optimizer", None)
+        _compat.save_weights_in_model_layout(self.inner, optimizer if getattr(optimizer, "built", False) else None,
+                                             path)
+        return None
+
+    def load_weights(self, filepath, skip_mismatch=False, **kwargs):
+        """Weights written by :meth:`save_weights` or by the wrapped model's own ``save_weights``
+        (with the optimizer's state, where the file has it and the optimizer is built); a file of this
+        trainer's own layout (an earlier version's, or sharded) is read as Keras reads it."""
+        path = os.fspath(filepath)
+        if kwargs or not path.endswith(".weights.h5") or "inner" in _compat.weights_file_groups(path):
+            return super().load_weights(filepath, skip_mismatch=skip_mismatch, **kwargs)
+        _compat.load_weights_in_model_layout(self.inner, getattr(self, "optimizer", None), path,
+                                             skip_mismatch=skip_mismatch)
+        return None
+
     def export(self, filepath, format="tf_saved_model", **kwargs):
         """Exports the wrapped model (inference is the model's own)."""
         return self.inner.export(filepath, format=format, **kwargs)

@@ -110,6 +110,35 @@ def test_save_load_weights_and_export(tmp_path):
     assert os.path.isdir(tmp_path / "exported")
 
 
+def test_weights_files_are_the_models_own_in_both_directions(tmp_path):
+    # a trainer's weights file is the one the wrapped model writes: the plain model reads it, a trainer
+    # reads the plain model's, and a trainer of the same model gets the optimizer's state back too
+    x, y = data(2 * BATCH)
+    trainer = checkmate.tf2.RematModel(convnext(), **OPTIONS)
+    trainer.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS)
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    path = str(tmp_path / "t.weights.h5")
+    trainer.save_weights(path)
+    plain = convnext(seed=5)
+    plain.load_weights(path)
+    np.testing.assert_allclose(plain.predict(x, verbose=0), trainer.predict(x, verbose=0), rtol=1e-6)
+
+    other = convnext(seed=7)
+    other.save_weights(str(tmp_path / "plain.weights.h5"))
+    reader = checkmate.tf2.RematModel(convnext(seed=5), **OPTIONS)
+    reader.load_weights(str(tmp_path / "plain.weights.h5"))
+    np.testing.assert_allclose(reader.predict(x, verbose=0), other.predict(x, verbose=0), rtol=1e-6)
+
+    resumed = checkmate.tf2.RematModel(convnext(seed=5), **OPTIONS)
+    resumed.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS)
+    resumed.optimizer.build(resumed.trainable_variables)
+    resumed.load_weights(path)
+    momenta = [v for v in trainer.optimizer.variables if "momentum" in v.path]
+    assert momenta and any(np.abs(v.numpy()).max() > 0 for v in momenta)
+    for a, b in zip(trainer.optimizer.variables, resumed.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 @pytest.mark.parametrize("adopted", [True, False])
 def test_save_load_with_the_models_own_optimizer_keeps_its_state(tmp_path, adopted):
     # RematModel(model) of a compiled model trains with the model's own optimizer (adopted from its
