@@ -318,3 +318,21 @@ def load_weights_in_model_layout(model: object, optimizer: object, filepath: str
         store.close()
     if failed:
         saving_lib._raise_loading_failure(errors, warn_only=skip_mismatch)
+
+
+# --- dict inputs ---------------------------------------------------------------------------------
+
+def in_input_order(model: object, inputs: object) -> object:
+    """A dict of inputs with its keys in the order of the model's own input dict. ``tf.nest`` and
+    ``tf.data`` sort a dict's keys, and Keras 3.15 (``Functional._maybe_warn_inputs_struct_mismatch``)
+    warns that "the structure of `inputs` doesn't match the expected structure" when a functional model
+    with dict inputs (a KerasHub task's ``token_ids`` and ``padding_mask``) gets them in another order."""
+    if not isinstance(inputs, dict):
+        return inputs
+    try:
+        expected = model.input
+    except (AttributeError, ValueError):     # a subclassed model: no input structure of its own
+        return inputs
+    if not isinstance(expected, dict) or set(expected) != set(inputs) or list(expected) == list(inputs):
+        return inputs
+    return {key: inputs[key] for key in expected}

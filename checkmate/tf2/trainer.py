@@ -404,7 +404,7 @@ class StepTrainer(keras.Model):
         return form(model, **config)
 
     def call(self, inputs, training=False):
-        return self.inner(inputs, training=training)
+        return self.inner(_compat.in_input_order(self.inner, inputs), training=training)
 
     @property
     def output_names(self):
@@ -604,7 +604,7 @@ class StepTrainer(keras.Model):
         if pred is None and (metrics or self._several_outputs()):
             # a step planned without the predictions (a plan file's, or predictions=False): an
             # inference-mode forward pass of the batch, after its update
-            pred = self.inner(x, training=False)
+            pred = self.inner(_compat.in_input_order(self.inner, x), training=False)
         if self._several_outputs():
             # each output's loss in the training logs, as Keras reports it ("<output>_loss"); the first
             # call builds those means, as Keras' own train step does in its first trace

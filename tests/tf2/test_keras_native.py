@@ -331,3 +331,23 @@ def test_summary_says_how_far_an_unproven_plan_may_be_off():
     line = next(x for x in step.summary().splitlines() if x.strip().startswith("strategy"))
     assert not step.result.optimal
     assert step.result.status in line and "optimal" not in line.replace(step.result.status, "")
+
+
+def test_dict_inputs_reach_the_model_in_its_own_key_order():
+    # tf.data and tf.nest sort a dict's keys; Keras warns when a functional model with dict inputs gets
+    # them in another order than its own, as a KerasHub task's token_ids and padding_mask did
+    import warnings
+
+    ids, mask = keras.Input((6,), name="token_ids"), keras.Input((6,), name="padding_mask")
+    hidden = keras.layers.Dense(8, activation="relu")(keras.layers.Concatenate()([ids, mask]))
+    model = keras.Model({"token_ids": ids, "padding_mask": mask}, keras.layers.Dense(3)(hidden))
+    rng = np.random.default_rng(0)
+    x = {"token_ids": rng.random((2 * BATCH, 6), dtype="float32"), "padding_mask": np.ones((2 * BATCH, 6), "float32")}
+    y = rng.integers(0, 3, 2 * BATCH)
+    trainer = checkmate.tf2.RematModel(model, **OPTIONS)
+    trainer.compile(keras.optimizers.SGD(0.01), LOSS, metrics=["accuracy"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+        trainer.evaluate(x, y, verbose=0)
+    assert not [w for w in caught if "match the expected structure" in str(w.message)]

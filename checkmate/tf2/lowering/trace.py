@@ -316,7 +316,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
     def step(x, y):
         marks["model_start"] = _compat.current_graph_op_count()
         with tf.GradientTape() as tape:
-            pred = model(x, training=True)
+            pred = model(_compat.in_input_order(model, x), training=True)
             marks["loss_start"] = _compat.current_graph_op_count()
             value = training_loss(model, loss_fn, y, pred)
             scaled = value
