@@ -579,6 +579,28 @@ def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
     assert lg.metadata["warnings"]
 
 
+def test_several_opaque_calls_give_one_warning_and_one_note_each():
+    @tf.function
+    def inner(a):
+        return tf.nn.relu(a) * 2.0
+
+    class Opaque(keras.layers.Layer):
+        def call(self, x):
+            return x + tf.stop_gradient(inner(x))
+
+    inp = keras.Input((8,))
+    h = keras.layers.Dense(6, name="d")(inp)
+    out = keras.layers.Dense(3, name="o")(Opaque(name="second")(Opaque(name="first")(h)))
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lg = lower(keras.Model(inp, out), XENT, *specs((8,)), level="op")
+    opaque = [str(w.message) for w in caught if "opaque" in str(w.message)]
+    assert len(opaque) == 1 and opaque[0].startswith("2 ops are opaque calls or loops")
+    assert len([m for m in lg.metadata["warnings"] if "opaque" in m]) == 2
+
+
 def test_loop_with_variant_tensors_is_an_error_naming_the_op():
     inp = keras.Input((5, 3))
     out = keras.layers.Dense(2)(keras.layers.LSTM(4, name="lstm")(inp))

@@ -330,9 +330,16 @@ def _unsizeable_hint(op, ops) -> str:
 
 
 def warn_opaque(infos: Sequence[OpInfo], warn: list[str]) -> None:
-    for info in infos:
-        if info.opaque and not info.static:
-            message = (f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
-                       "non-recomputable node and its internal memory is not modelled")
-            warn.append(message)
-            warnings.warn(message, UserWarning, stacklevel=3)
+    """One message per opaque op in ``warn`` (the lowering's metadata), and one warning for them all
+    (KerasHub's MobileNet runs 22 grouped convolutions as XLA calls: 22 warnings said the same)."""
+    opaque = [info for info in infos if info.opaque and not info.static]
+    for info in opaque:
+        warn.append(f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
+                    "non-recomputable node and its internal memory is not modelled")
+    if len(opaque) == 1:
+        warnings.warn(warn[-1], UserWarning, stacklevel=3)
+    elif opaque:
+        named = ", ".join(f"{info.op.name!r} ({info.op.type})" for info in opaque[:3])
+        warnings.warn(f"{len(opaque)} ops are opaque calls or loops ({named}{', ...' if len(opaque) > 3 else ''}): "
+                      "each becomes a single non-recomputable node and its internal memory is not modelled",
+                      UserWarning, stacklevel=3)
