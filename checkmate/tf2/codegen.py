@@ -263,6 +263,22 @@ def _check_lowered(lowered: LoweredGraph, by_name: Mapping[str, Any]) -> None:
                         f"{graph.nodes[j].name}) but the graph has no edge {j} -> {i}")
 
 
+def _gate_node(name: str, of: str, dtype: int, shape: Any, inputs: Sequence[str], taken: set) -> Any:
+    """A :data:`VALUE_GATE_OP` named ``name`` (added to ``taken``) that passes on ``inputs[0]``, a
+    tensor of op ``of`` of type ``dtype`` (a DataType enum) and ``shape`` (a TensorShapeProto), and
+    waits for the control inputs after it."""
+    if name in taken:
+        raise InvalidGraphError(f"cannot name the gate of op {of!r}: {name!r} is taken")
+    taken.add(name)
+    node = tf.compat.v1.NodeDef()
+    node.op = VALUE_GATE_OP
+    node.name = name
+    node.attr["T"].type = dtype
+    node.attr["shape"].shape.CopyFrom(shape)
+    node.input.extend(inputs)
+    return node
+
+
 # TF 2.21 on CPU with oneDNN: the layout pass (which runs after Grappler, whatever its options) merges
 # a Conv2DBackpropFilter with the BiasAddGrad that reads the same gradient, a Conv2D with the BiasAdd
 # that reads it and a Pad with the Conv2D that reads it, into one op, without looking at the paths
@@ -352,15 +368,7 @@ def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: s
             typed = gate_type(tensor)
             if typed is None:
                 continue
-            gate = tf.compat.v1.NodeDef()
-            gate.op = VALUE_GATE_OP
-            gate.name = f"{src}{_GATE_SUFFIX}_apart_{len(gated)}"
-            if gate.name in taken:
-                raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gate.name!r} is taken")
-            taken.add(gate.name)
-            gate.attr["T"].type = typed[0]
-            gate.attr["shape"].shape.CopyFrom(typed[1])
-            gate.input.append(tensor)
+            gate = _gate_node(f"{src}{_GATE_SUFFIX}_apart_{len(gated)}", src, typed[0], typed[1], [tensor], taken)
             nodes.append(gate)
             nd.input[second_input] = gate.name
             gated.append(nd.name)
@@ -639,18 +647,10 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         if sink not in sources:
             sources[sink] = sink
             if gate_ops and tensor_dtypes.has_output(sink) and tensor_dtypes.gateable(sink):
-                name = f"{sink}{_DONE_SUFFIX}"
-                if name in taken:
-                    raise InvalidGraphError(f"cannot name the anchor of op {sink!r}: {name!r} is taken")
-                taken.add(name)
-                done = tf.compat.v1.NodeDef()
-                done.op = VALUE_GATE_OP
-                done.name = name
-                done.attr["T"].type = tensor_dtypes[sink]
-                done.attr["shape"].shape.CopyFrom(tensor_dtypes.shape(sink).as_proto())
-                done.input.append(sink)
+                done = _gate_node(f"{sink}{_DONE_SUFFIX}", sink, tensor_dtypes[sink],
+                                  tensor_dtypes.shape(sink).as_proto(), [sink], taken)
                 out_nodes.append(done)
-                sources[sink] = name
+                sources[sink] = done.name
         return sources[sink]
 
     c = -1
@@ -740,15 +740,9 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         anchor_inputs = [f"^{anchor_source(s)}" for s in anchor_sinks]
         for tensor in value_gates:
             src, _, idx = tensor.partition(":")
-            gated = tf.compat.v1.NodeDef()
-            gated.op = VALUE_GATE_OP
-            gated.name = f"{src}{_GATE_SUFFIX}{c}_{len(gates)}"
-            if gated.name in taken:
-                raise InvalidGraphError(f"cannot name the gate of op {src!r}: {gated.name!r} is taken")
-            taken.add(gated.name)
-            gated.attr["T"].type = tensor_dtypes[tensor]
-            gated.attr["shape"].shape.CopyFrom(tensor_dtypes.shape(tensor).as_proto())
-            gated.input.extend([src if idx == "0" else tensor] + anchor_inputs)
+            gated = _gate_node(f"{src}{_GATE_SUFFIX}{c}_{len(gates)}", src, tensor_dtypes[tensor],
+                               tensor_dtypes.shape(tensor).as_proto(), [src if idx == "0" else tensor] + anchor_inputs,
+                               taken)
             gates.append(gated)
             out_nodes.append(gated)
             value_gates[tensor] = gated.name

@@ -555,15 +555,19 @@ def test_stateful_random_op_is_not_recomputable():
 
 
 # ------------------------------------------------------------------------------------- unsupported
+@tf.function
+def _opaque_inner(a):
+    return tf.nn.relu(a) * 2.0
+
+
+class Opaque(keras.layers.Layer):
+    """A layer that calls a tf.function: an opaque call in the step's graph."""
+
+    def call(self, x):
+        return x + tf.stop_gradient(_opaque_inner(x))
+
+
 def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
-    @tf.function
-    def inner(a):
-        return tf.nn.relu(a) * 2.0
-
-    class Opaque(keras.layers.Layer):
-        def call(self, x):
-            return x + tf.stop_gradient(inner(x))
-
     inp = keras.Input((8,))
     h = keras.layers.Dense(6, name="d")(inp)
     out = keras.layers.Dense(3, name="o")(Opaque(name="opq")(h))
@@ -580,14 +584,6 @@ def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
 
 
 def test_several_opaque_calls_give_one_warning_and_one_note_each():
-    @tf.function
-    def inner(a):
-        return tf.nn.relu(a) * 2.0
-
-    class Opaque(keras.layers.Layer):
-        def call(self, x):
-            return x + tf.stop_gradient(inner(x))
-
     inp = keras.Input((8,))
     h = keras.layers.Dense(6, name="d")(inp)
     out = keras.layers.Dense(3, name="o")(Opaque(name="second")(Opaque(name="first")(h)))
