@@ -87,3 +87,28 @@ def test_the_budgets_tried_are_bounded():
     step, used, log, error = wall_clock.solve_at_or_below(lambda b: calls.append(b) or Plan(b),
                                                           lambda s: (s.budget, s.budget - 1), 1000, 0)
     assert len(calls) == wall_clock.COMPARE_BUDGET_TRIES and used == calls[-1] and len(log) == len(calls)
+
+
+def compare_row(method, **extra):
+    r = {"model": "m", "method": method, "status": "ok", "measured_step_peak_bytes": 2 ** 20,
+         "peak_alone_bytes": 2 ** 20, "plain_step_peak_bytes": 2 ** 21, "measured_ratio": 1.1,
+         "measured_cpu_ratio": 1.05, "predicted_overhead": None}
+    r.update(extra)
+    return r
+
+
+def test_the_comparison_sets_each_plan_beside_its_heuristic_timed_in_the_same_loop():
+    meta = {"command": "c", "device": "d", "started": "s", "seconds": 1.0}
+    rows = [compare_row("tf.recompute_grad per block"),
+            compare_row("checkmate at tf.recompute_grad per block's peak", predicted_overhead=1.08,
+                        rival_ratio=1.2, rival_cpu_ratio=1.15),
+            {"model": "m", "method": "checkmate at chen_sqrtn's peak", "status": "InfeasibleBudgetError: no"}]
+    lines = wall_clock.markdown([], rows, meta).splitlines()
+    header = next(line for line in lines if line.startswith("| model | method"))
+    assert header.endswith("heuristic in the same loop |")
+    body = [line for line in lines if line.startswith("| m |")]
+    assert all(line.count("|") == header.count("|") for line in body)
+    assert body[0].endswith("| - |") and body[1].endswith("| 1.200x (1.150x) |")
+    # without the column where no row has the heuristic timed beside it (tables of earlier runs)
+    old = wall_clock.markdown([], rows[:1], meta)
+    assert "same loop" not in old
