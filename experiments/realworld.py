@@ -37,7 +37,9 @@ decoder tokens), DeBERTa-v3 and XLM-RoBERTa classifiers, Mistral, Mixtral (4 exp
 Qwen3, Qwen3-MoE (4 experts, top 2), Phi-3 and GPT-NeoX causal LMs; KerasHub's ResNet and DenseNet
 classifiers; keras.applications EfficientNetB2, MobileNetV3Large, ResNet50V2, ConvNeXtSmall,
 DenseNet169, InceptionResNetV2, MobileNet and ResNet101; KerasHub's Gemma3 causal LM (text only),
-RoformerV2 classifier and VGG classifier (a functional backbone, then a head of a 7x7 convolution).
+RoformerV2 classifier and VGG classifier (a functional backbone, then a head of a 7x7 convolution);
+KerasHub's Swin Transformer, CSPNet (CSP-DarkNet), MiT and Xception classifiers, GPT-OSS (4 experts,
+top 2) and SmolLM3 causal LMs.
 """
 
 from __future__ import annotations
@@ -235,6 +237,55 @@ def hub_vgg():
                                          pooling_hidden_dim=256, preprocessor=None)
 
 
+def smollm3():
+    """KerasHub's SmolLM3 causal LM (2 layers, rotary embeddings in the first only)."""
+    hub = _hub()
+    backbone = hub.models.SmolLM3Backbone(
+        vocabulary_size=VOCAB, hidden_dim=HIDDEN, intermediate_dim=2 * HIDDEN, num_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, attention_bias=False, attention_dropout=0.0, rope_layer_enabled_list=[True, False],
+        layer_types=["attention", "attention"], mlp_bias=False, layer_norm_epsilon=1e-6,
+        max_position_embeddings=2 * SEQUENCE, rope_theta=10000.0, partial_rotary_factor=1.0)
+    return hub.models.SmolLM3CausalLM(backbone=backbone, preprocessor=None)
+
+
+def hub_swin():
+    """KerasHub's Swin Transformer classifier (three stages of two blocks, windows of 4x4 patches,
+    stochastic depth as the backbone's default)."""
+    hub = _hub()
+    backbone = hub.models.SwinTransformerBackbone(image_shape=(IMAGE, IMAGE, 3), embed_dim=32, depths=[2, 2, 2],
+                                                  num_heads=[2, 4, 8], window_size=4, patch_size=4)
+    return hub.models.SwinTransformerImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
+def hub_cspnet():
+    """KerasHub's CSPNet classifier on a small CSP-DarkNet backbone (stages of 1, 2 and 2 dark blocks)."""
+    hub = _hub()
+    backbone = hub.models.CSPNetBackbone(
+        stem_filters=32, stem_kernel_size=3, stem_strides=2, stackwise_depth=[1, 2, 2], stackwise_strides=[2, 2, 2],
+        stackwise_num_filters=[64, 128, 256], block_type="dark_block", stage_type="csp", expand_ratio=[2.0, 1.0, 1.0],
+        bottle_ratio=[0.5, 1.0, 1.0], block_ratio=[1.0, 0.5, 0.5], down_growth=True, image_shape=(IMAGE, IMAGE, 3))
+    return hub.models.CSPNetImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
+def hub_mit():
+    """KerasHub's MiT (SegFormer's encoder) classifier: four stages of one block, spatial-reduction
+    attention."""
+    hub = _hub()
+    backbone = hub.models.MiTBackbone(
+        layerwise_depths=[1, 1, 1, 1], num_layers=4, layerwise_num_heads=[1, 2, 2, 4], layerwise_sr_ratios=[8, 4, 2, 1],
+        max_drop_path_rate=0.1, layerwise_patch_sizes=[7, 3, 3, 3], layerwise_strides=[4, 2, 2, 2],
+        image_shape=(IMAGE, IMAGE, 3), hidden_dims=[32, 64, 96, 128])
+    return hub.models.MiTImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
+def hub_xception():
+    """KerasHub's Xception classifier on three stacks of separable convolutions."""
+    hub = _hub()
+    backbone = hub.models.XceptionBackbone(stackwise_conv_filters=[[32, 64], [128, 128], [256, 256]],
+                                           stackwise_pooling=[False, True, True], image_shape=(IMAGE, IMAGE, 3))
+    return hub.models.XceptionImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
 # keras.applications models that refuse inputs below a size of their own (InceptionV3 and
 # InceptionResNetV2: 75, Xception: 71)
 IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75, "InceptionResNetV2": 75}
@@ -302,9 +353,17 @@ EXTRA_MODELS = {
     "hubvgg": (hub_vgg, "image"),
     "mobilenet": (_application("MobileNet"), "image"),
     "resnet101": (_application("ResNet101"), "image"),
+    "gptoss": (_causal_lm_of("GptOss", num_query_heads=4, num_key_value_heads=2, num_experts=4, top_k=2,
+                             head_dim=HIDDEN // 4), "lm"),
+    "smollm3": (smollm3, "lm"),
+    "hubswin": (hub_swin, "image"),
+    "hubcspnet": (hub_cspnet, "image"),
+    "hubmit": (hub_mit, "image"),
+    "hubxception": (hub_xception, "image"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
-HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet", "hubvgg"}
+HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet", "hubvgg", "hubswin", "hubcspnet", "hubmit",
+                   "hubxception"}
 TRANSFORMERS = {"lm", "bert", "distilbert", "seq2seq"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
