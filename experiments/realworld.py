@@ -585,7 +585,8 @@ def write_markdown(path: Path, rows: list[dict], command: str, commit: str | Non
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--models", default=",".join(MODELS),
+                   help=f"comma-separated (default: {', '.join(MODELS)}); by name only: {', '.join(EXTRA_MODELS)}")
     p.add_argument("--epochs", type=int, default=8, help="timed epochs of each (interleaved; minimum and median)")
     p.add_argument("--steps", type=int, default=12, help="batches per epoch")
     p.add_argument("--time-limit", type=float, default=60.0, help="time limit of the activation-share solves (s)")
