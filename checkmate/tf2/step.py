@@ -307,9 +307,15 @@ class CompiledStep:
 
             def train(*flat):
                 # a sliced gradient reaches the optimizer as tf.IndexedSlices, as in Keras' fit
-                loss, grads, preds = split(remat(*flat))
-                optimizer.apply_gradients(zip(grads, variables))
-                return (loss, *(tf.nest.flatten(preds) if preds is not None else ()))
+                out = remat(*flat)
+                loss, grads, preds = split(out)
+                # The update waits for the step's call, and the outputs are new tensors: with the
+                # call's outputs returned as they are, this function nested in another (RematModel's
+                # train function) lost the step's own variable writes under Adam (a Dropout's seed
+                # stayed put, every batch drew the same mask; SGD kept them).
+                with tf.control_dependencies([out[0]]):
+                    optimizer.apply_gradients(zip(grads, variables))
+                    return tuple(tf.identity(t) for t in (loss, *(tf.nest.flatten(preds) if preds is not None else ())))
 
             self._train = tf.function(train, input_signature=self.function.input_specs, autograph=False)
         return self._train
