@@ -47,10 +47,14 @@ def test_each_batch_draws_a_new_dropout_mask(optimizer):
     assert start == seed_state(plain)
     trainer = checkmate.tf2.RematModel(other, budget="100%")
     want, got = [], []
-    record = lambda store: keras.callbacks.LambdaCallback(  # noqa: E731
-        on_train_batch_end=lambda b, logs: store.append((float(logs["loss"]), seed_state(store is got and other or plain))))
-    plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record(want)])
-    trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record(got)])
+
+    def record(store: list, m: keras.Model):
+        # each batch's loss and the seed state right after it
+        return keras.callbacks.LambdaCallback(
+            on_train_batch_end=lambda b, logs: store.append((float(logs["loss"]), seed_state(m))))
+
+    plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record(want, plain)])
+    trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[record(got, other)])
     # the seed moved on after every batch, as plain fit's did
     assert [s for _, s in got] == [s for _, s in want]
     assert [s for _, s in got][-1] != start
