@@ -140,6 +140,74 @@ def sublayers(layer: object) -> list:
     return list(flatten(include_self=False, recursive=False))
 
 
+# A tensor read by more than this many ops gets its gradients summed as they come (see
+# running_gradient_sums); TF's tape sums at most this many at once when it sums early (its
+# kMinAggregateCount, TF 2.21).
+RUNNING_SUM_MIN_TERMS = 4
+# What the tape is told a dense gradient's size is, so that its early summing (for gradients of more
+# than 128 MiB together) applies to every tensor read by more than RUNNING_SUM_MIN_TERMS ops.
+_EARLY_SUM_ELEMENTS = 1 << 40
+
+
+@contextlib.contextmanager
+def running_gradient_sums(min_terms: int | None = None) -> Iterator[bool]:
+    """While ``tape.gradient`` runs in the block, sum the gradients of a floating-point tensor that more
+    than ``min_terms`` ops read (default :data:`RUNNING_SUM_MIN_TERMS`) as they come, in a chain of
+    adds, rather than with one ``AddN`` after the last; yield whether it could (else the tape sums as
+    usual).
+
+    An ``AddN`` waits for every term, so all of them are resident at once: a recurrence unrolled in
+    Python reads each step's slice of a sequence tensor, and the gradient of every slice is a tensor of
+    the whole sequence's size (KerasHub's RWKV-7: six sums of 64 such tensors per layer, held until the
+    last step's backward). TF's tape already sums early, every ``min_terms`` + 1 terms, when the terms
+    exceed 128 MiB together; here it does so for every such tensor, and each sum is a chain of adds in
+    the order the terms came, so the traced ops (their creation order, which the lowering follows) add
+    each group of terms right after it is computed. Each partial sum passes through an ``EnsureShape``
+    (a no-op on the same buffer), so that Grappler's arithmetic optimizer, which folds adds with one
+    consumer into one ``AddN``, leaves the chain as traced.
+
+    TF 2.21 private API: the tape sizes and sums gradients through the functions of the vector space
+    registered with ``pywrap_tfe.TFE_Py_RegisterVSpace``
+    (``tensorflow.python.eager.backprop._default_vspace``); the default is registered again on exit.
+    """
+    try:
+        from tensorflow.python import pywrap_tfe
+        from tensorflow.python.eager import backprop
+        default = backprop._default_vspace
+        register = pywrap_tfe.TFE_Py_RegisterVSpace
+        default.aggregate_fn, default.num_elements_fn  # noqa: B018 - the fields this relies on
+    except (ImportError, AttributeError):
+        yield False
+        return
+    if min_terms is None:
+        min_terms = RUNNING_SUM_MIN_TERMS
+    partial: set[str] = set()   # the partial sums made here, by tensor name
+
+    def summable(g) -> bool:
+        return isinstance(g, tf.Tensor) and (g.dtype.is_floating or g.dtype.is_complex)
+
+    def num_elements(g):
+        return _EARLY_SUM_ELEMENTS if summable(g) else default.num_elements_fn(g)
+
+    def aggregate(gradients):
+        if not all(summable(g) for g in gradients) or (
+                len(gradients) <= min_terms and not any(g.name in partial for g in gradients)):
+            return default.aggregate_fn(gradients)
+        total = gradients[0]
+        for g in gradients[1:]:
+            gated = tf.ensure_shape(total, total.shape) if total is not gradients[0] or total.name in partial \
+                else total
+            total = tf.math.add(gated, g)
+        partial.add(total.name)
+        return total
+
+    register(default._replace(aggregate_fn=aggregate, num_elements_fn=num_elements))
+    try:
+        yield True
+    finally:
+        register(default)
+
+
 def current_graph_op_count() -> int:
     """Number of ops created so far in the graph being traced (TF 2.21: inside ``tf.function``
     tracing ``tf.compat.v1.get_default_graph()`` is the FuncGraph, and ``get_operations()`` lists

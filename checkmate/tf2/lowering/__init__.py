@@ -32,7 +32,10 @@ one (the loss node, with the cross-entropy's gradient of the logits), so that on
 resident to the end of the step; the layer nodes inside composite layers are split into op nodes,
 largest first, while the graph stays within ``AUTO_OP_NODE_LIMIT`` nodes
 (:func:`~checkmate.tf2.lowering.grouping.split_composite_layers`), so that the plan sees a
-transformer block's temporaries and gets its cheap choices (recompute an activation, keep a matmul). A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
+transformer block's temporaries and gets its cheap choices (recompute an activation, keep a matmul). A node
+that reads at least ``WORKING_SET_SPLIT_FRACTION`` of the activations at once while its ops each read
+little (the backward of a recurrence unrolled in Python, which reads every step's saved values) is
+split into one node per chain of ops (:func:`~checkmate.tf2.lowering.grouping.split_large_working_sets`). A model of plain layers gets exactly the layer-level graph (``level == "layer"``);
 otherwise ``level == "mixed"`` and ``metadata["split_layers"]`` says what was split and why (one
 line per layer; per composite layer, one line listing its layers split into op nodes).
 
@@ -74,6 +77,8 @@ from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_cos
 from checkmate.tf2.lowering.grouping import (
     LOSS_LAYER,
     WORKSPACE_SPLIT_FRACTION,
+    WORKING_SET_SPLIT_FRACTION,
+    WORKING_SET_SPLIT_RATIO,
     AUTO_OP_NODE_LIMIT,
     composite_calls,
     gradient_node_groups,
@@ -83,6 +88,7 @@ from checkmate.tf2.lowering.grouping import (
     split_large_workspaces,
     split_large_outputs,
     split_composite_layers,
+    split_large_working_sets,
 )
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaque
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
@@ -180,6 +186,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     split_nodes: list[str] = []
     value_nodes: list[str] = []
     fine_nodes: list[str] = []
+    read_nodes: list[str] = []
     if level != "op" and split:   # the compact graph keeps the papers' one node per layer
         # step outputs keep their own buffers: an in-place kernel never takes them over
         keep = frozenset({traced.loss_tensor, *traced.gradient_outputs, *flat_names(traced.pred_structure)})
@@ -197,6 +204,11 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
             step_outputs = (traced.loss_tensor, *flat_names(traced.pred_structure))
             groups, value_nodes = split_large_outputs(groups, infos, graph, order, step_outputs)
             if value_nodes:
+                graph, node_ops, op_node, workspace, order = build_graph(traced, infos, op_graph, groups,
+                                                                         accounting_level, label, fixed,
+                                                                         grads_resident)
+            groups, read_nodes = split_large_working_sets(groups, infos, graph, order, op_graph, keep)
+            if read_nodes:
                 graph, node_ops, op_node, workspace, _ = build_graph(traced, infos, op_graph, groups,
                                                                      accounting_level, label, fixed, grads_resident)
     if cost_model == "profile":
@@ -204,8 +216,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     costs, unit, profile_info = node_costs(traced, node_ops, cost_model, profile_options, progress)
     _log.info("lowered %s: %d nodes, %d edges in %.1f s", label, graph.n, len(graph.edges),
               time.perf_counter() - started)
-    if level == "auto" and (split_nodes or value_nodes or fine_nodes):
-        split_layers = _split_reasons(traced, composites, split_nodes, groups, value_nodes, fine_nodes)
+    if level == "auto" and (split_nodes or value_nodes or fine_nodes or read_nodes):
+        split_layers = _split_reasons(traced, composites, split_nodes, groups, value_nodes, fine_nodes, read_nodes)
         chosen = "mixed"
     return lowered_graph(traced, infos, with_costs(graph, costs), node_ops, op_node, level=chosen,
                          cost_model=cost_model, cost_unit=unit, warnings=warn, workspace=workspace,
@@ -216,8 +228,8 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
 
 
 def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_nodes: list[str],
-                   groups: list, value_nodes: Sequence[str] = (), fine_nodes: Sequence[str] = ()
-                   ) -> tuple[str, ...]:
+                   groups: list, value_nodes: Sequence[str] = (), fine_nodes: Sequence[str] = (),
+                   read_nodes: Sequence[str] = ()) -> tuple[str, ...]:
     """What ``level="auto"`` split below one node per layer, and why, one line per layer."""
     recorded = {name for name, _, _ in traced.layer_calls}
     own_ops = dict.fromkeys(composites, 0)
@@ -247,4 +259,6 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
                      f"{', '.join(activations)}")
     lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
               "would stay resident to the end of the step)" for name in value_nodes]
+    lines += [f"{name}: one node per chain of ops (it reads at least {WORKING_SET_SPLIT_FRACTION:.0%} of the "
+              f"activations at once, its ops at most 1/{WORKING_SET_SPLIT_RATIO} of that each)" for name in read_nodes]
     return tuple(lines)

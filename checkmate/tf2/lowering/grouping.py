@@ -52,6 +52,7 @@ last: as separate nodes the plan would hold that buffer twice.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -65,8 +66,8 @@ from checkmate.tf2.lowering.trace import TracedStep
 __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
            "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
-           "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION",
-           "split_composite_layers", "AUTO_OP_NODE_LIMIT", "COMPOSITE_OWN_NODES",
+           "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION", "WORKING_SET_SPLIT_FRACTION", "WORKING_SET_SPLIT_RATIO",
+           "split_composite_layers", "split_large_working_sets", "AUTO_OP_NODE_LIMIT", "COMPOSITE_OWN_NODES",
            "SPLIT_MAX_PARTS"]
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
@@ -80,6 +81,13 @@ _UNATTRIBUTED = "model"
 # 1.25-1.49x the layer-level plan. Smaller workspaces are left in their layer node: the measured peaks
 # of MLPs, CNNs and U-Nets follow their layer-level plans.
 WORKSPACE_SPLIT_FRACTION = 0.1
+# With gradient nodes, a layer node that reads this share of the activations (its inputs and value
+# together) is split as a large workspace is, when no op of it reads and writes more than
+# 1 / WORKING_SET_SPLIT_RATIO of that: one node would need every input resident at once where its ops
+# each need a few. The backward of KerasHub's RWKV-7 time mixing (a recurrence unrolled in Python, two
+# layers, 64 steps): one node read 68% of the activations, every saved value of its 64 steps.
+WORKING_SET_SPLIT_FRACTION = 0.25
+WORKING_SET_SPLIT_RATIO = 4
 # level="auto": a forward node that is a step output through small tensors (the loss) but whose value
 # is at least OUTPUT_SPLIT_RATIO times them and this share of the activations (the cross-entropy's
 # gradient of the logits) is split into one node per op, so that only the loss stays resident: GPT-2's
@@ -619,17 +627,69 @@ def _with_parts(groups: list[Group], parts: Mapping[int, Sequence[Sequence[int]]
     return out
 
 
-def _runs(parts: Sequence[Sequence[int]], limit: int | None = None) -> list[list[int]]:
+def _freeing_order(ops: Sequence[int], infos: Sequence[OpInfo], op_graph: OpGraph) -> list[int]:
+    """``ops`` in a topological order that runs an op as soon as it is the last reader of a value of
+    the group (it frees that value), else in creation order.
+
+    Creation order can leave the readers of many values to the end (a sum of per-step gradients
+    created after the last of them, without :func:`checkmate.tf2._compat.running_gradient_sums`), and
+    runs cut from creation order would hold every value until then. In this order each reader follows
+    the values it is the last to read."""
+    members = set(ops)
+    waiting = {i: sum(1 for q in op_graph.producers[i] if q in members) for i in ops}
+    readers = {i: sum(1 for u in op_graph.users[i] if u in members and not infos[u].dead) for i in ops}
+    ready = [i for i in sorted(ops) if waiting[i] == 0]
+    heapq.heapify(ready)
+    freeing: list[int] = []
+    order: list[int] = []
+    done: set[int] = set()
+
+    def frees(i: int) -> bool:
+        return any(q in members and readers[q] == 1 for q in op_graph.producers[i])
+
+    while ready or freeing:
+        i = -1
+        while freeing:
+            j = heapq.heappop(freeing)
+            if j not in done:
+                i = j
+                break
+        if i < 0:
+            i = heapq.heappop(ready)
+            if i in done:
+                continue
+        done.add(i)
+        order.append(i)
+        for q in set(op_graph.producers[i]):
+            if q in members:
+                readers[q] -= 1
+                # the last reader of q frees it: run it next
+                for u in op_graph.users[q]:
+                    if u in members and u not in done and waiting[u] == 0 and frees(u):
+                        heapq.heappush(freeing, u)
+        for u in op_graph.users[i]:
+            if u in members:
+                waiting[u] -= 1
+                if waiting[u] == 0:
+                    heapq.heappush(freeing if frees(u) else ready, u)
+    return order
+
+
+def _runs(parts: Sequence[Sequence[int]], limit: int | None = None, infos: Sequence[OpInfo] | None = None,
+          op_graph: OpGraph | None = None) -> list[list[int]]:
     """``parts`` of one group, or, when they are more than ``limit`` (default :data:`SPLIT_MAX_PARTS`),
-    about ``limit`` runs of the group's ops in creation order, each cut where a part starts. Runs of a
+    about ``limit`` runs of the group's ops in a topological order, each cut where a part starts. Runs of a
     topological order depend only on the runs before them (parts of interleaved chains merged by first
     op would depend on each other, and merging those cycles left 9 nodes of 600 ops); a chain cut by a
-    run's end counts its buffer on both sides, which overstates the memory, never understates it."""
+    run's end counts its buffer on both sides, which overstates the memory, never understates it. The
+    order is creation order, or, with ``op_graph``, :func:`_freeing_order`."""
     limit = SPLIT_MAX_PARTS if limit is None else limit
     if len(parts) <= limit:
         return [list(p) for p in parts]
     starts = {min(p) for p in parts if p}
     ops = sorted(i for p in parts for i in p)
+    if op_graph is not None and infos is not None:
+        ops = _freeing_order(ops, infos, op_graph)
     size = -(-len(ops) // limit)
     runs: list[list[int]] = []
     for i in ops:
@@ -658,13 +718,48 @@ def split_large_workspaces(groups: list[Group], infos: Sequence[OpInfo], graph: 
     if not split:
         return groups, []
     out = _with_parts(groups, {k: _runs(in_place_chains(groups[k].ops, infos, op_graph, keep_tensors)
-                                        if op_graph is not None else [[i] for i in sorted(groups[k].ops)])
+                                        if op_graph is not None else [[i] for i in sorted(groups[k].ops)],
+                                        infos=infos, op_graph=op_graph)
                                for k in split}, infos)
     if op_graph is not None:
         # a chain takes in the ops between its members in the layer's order; an op outside the chain
         # that reads one member and feeds a later one would make two parts depend on each other
         out = merge_cycles(out, op_graph)
     return out, sorted(groups[k].name for k in split)
+
+
+def split_large_working_sets(groups: list[Group], infos: Sequence[OpInfo], graph: Graph, order: Sequence[int],
+                             op_graph: OpGraph, keep_tensors: frozenset[str] = frozenset()
+                             ) -> tuple[list[Group], list[str]]:
+    """Split each node that reads much of the activations where its ops each read little (see
+    :data:`WORKING_SET_SPLIT_FRACTION`) as :func:`split_large_workspaces` splits a large workspace;
+    also the names of the split groups."""
+    from checkmate.solvers import checkpoint_all_peak
+
+    activations = checkpoint_all_peak(graph) - graph.fixed_mem
+    split: set[int] = set()
+    for node, group in enumerate(order):
+        ops = groups[group].ops
+        if len(ops) < 2:
+            continue
+        reads = int(graph.mem[node]) + int(sum(int(graph.mem[d]) for d in graph.deps[node]))
+        if reads >= WORKING_SET_SPLIT_FRACTION * activations \
+                and WORKING_SET_SPLIT_RATIO * _largest_op_working_set(ops, infos, op_graph) <= reads:
+            split.add(group)
+    if not split:
+        return groups, []
+    out = _with_parts(groups, {k: _runs(in_place_chains(groups[k].ops, infos, op_graph, keep_tensors),
+                                        infos=infos, op_graph=op_graph) for k in split}, infos)
+    return merge_cycles(out, op_graph), sorted(groups[k].name for k in split)
+
+
+def _largest_op_working_set(ops: Sequence[int], infos: Sequence[OpInfo], op_graph: OpGraph) -> int:
+    """The most bytes one of ``ops`` reads and writes: its distinct inputs and its outputs."""
+    largest = 0
+    for i in ops:
+        read = {(p, t.value_index) for p, t in zip(op_graph.inputs[i], infos[i].op.inputs)}
+        largest = max(largest, infos[i].bytes + sum(infos[p].out_bytes[k] for p, k in read if infos[p].out_bytes))
+    return largest
 
 
 def split_large_outputs(groups: list[Group], infos: Sequence[OpInfo], graph: Graph, order: Sequence[int],

@@ -325,7 +325,9 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
                 # scale is a variable read in the step (float16 gradients that would underflow).
                 scaled = optimizer.scale_loss(value)
         marks["grad_start"] = _compat.current_graph_op_count()
-        grads = tape.gradient(scaled, list(variables))
+        # a tensor read by many ops (a sequence sliced per step) gets its gradients as a running sum
+        with _compat.running_gradient_sums():
+            grads = tape.gradient(scaled, list(variables))
         # A variable the loss does not use (an output head the loss ignores) gets a constant zero
         # gradient. Not through UnconnectedGradients.ZERO: TF 2.21 cannot build that zero for a Keras 3
         # variable, whose dtype is a string.
