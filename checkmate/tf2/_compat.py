@@ -141,8 +141,8 @@ def sublayers(layer: object) -> list:
 
 
 # A tensor read by more than this many ops gets its gradients summed as they come (see
-# running_gradient_sums); TF's tape sums at most this many at once when it sums early (its
-# kMinAggregateCount, TF 2.21).
+# running_gradient_sums): TF's tape sums early once it holds more than this many terms (its
+# kMinAggregateCount, TF 2.21), which the running sums rely on.
 RUNNING_SUM_MIN_TERMS = 4
 # What the tape is told a dense gradient's size is, so that its early summing (for gradients of more
 # than 128 MiB together) applies to every tensor read by more than RUNNING_SUM_MIN_TERMS ops.
@@ -150,16 +150,16 @@ _EARLY_SUM_ELEMENTS = 1 << 40
 
 
 @contextlib.contextmanager
-def running_gradient_sums(min_terms: int | None = None) -> Iterator[bool]:
+def running_gradient_sums() -> Iterator[bool]:
     """While ``tape.gradient`` runs in the block, sum the gradients of a floating-point tensor that more
-    than ``min_terms`` ops read (default :data:`RUNNING_SUM_MIN_TERMS`) as they come, in a chain of
+    than :data:`RUNNING_SUM_MIN_TERMS` ops read as they come, in a chain of
     adds, rather than with one ``AddN`` after the last; yield whether it could (else the tape sums as
     usual).
 
     An ``AddN`` waits for every term, so all of them are resident at once: a recurrence unrolled in
     Python reads each step's slice of a sequence tensor, and the gradient of every slice is a tensor of
     the whole sequence's size (KerasHub's RWKV-7: six sums of 64 such tensors per layer, held until the
-    last step's backward). TF's tape already sums early, every ``min_terms`` + 1 terms, when the terms
+    last step's backward). TF's tape already sums early, every five terms, when the terms
     exceed 128 MiB together; here it does so for every such tensor, and each sum is a chain of adds in
     the order the terms came, so the traced ops (their creation order, which the lowering follows) add
     each group of terms right after it is computed. Each partial sum passes through an ``EnsureShape``
@@ -179,8 +179,6 @@ def running_gradient_sums(min_terms: int | None = None) -> Iterator[bool]:
     except (ImportError, AttributeError):
         yield False
         return
-    if min_terms is None:
-        min_terms = RUNNING_SUM_MIN_TERMS
     partial: set[str] = set()   # the partial sums made here, by tensor name
 
     def summable(g) -> bool:
@@ -191,7 +189,7 @@ def running_gradient_sums(min_terms: int | None = None) -> Iterator[bool]:
 
     def aggregate(gradients):
         if not all(summable(g) for g in gradients) or (
-                len(gradients) <= min_terms and not any(g.name in partial for g in gradients)):
+                len(gradients) <= RUNNING_SUM_MIN_TERMS and not any(g.name in partial for g in gradients)):
             return default.aggregate_fn(gradients)
         total = gradients[0]
         for g in gradients[1:]:
