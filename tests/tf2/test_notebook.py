@@ -10,7 +10,8 @@ nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("tensorflow")
 
-pytestmark = pytest.mark.tf
+# two minutes of MILPs and compiles: in `make test-slow`, out of the default run
+pytestmark = [pytest.mark.tf, pytest.mark.slow]
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "tutorial.ipynb"
 # Per-cell limit: the slowest cells solve a few MILPs and compile two steps.
