@@ -17,7 +17,7 @@ keras = pytest.importorskip("keras")
 from checkmate.bounds import checkpoint_all_peak  # noqa: E402
 from checkmate.tf2 import _compat  # noqa: E402
 from checkmate.tf2.lowering import lower, trace_step  # noqa: E402
-from checkmate.tf2.lowering.grouping import _freeing_order, _runs  # noqa: E402
+from checkmate.tf2.lowering.grouping import Group, _freeing_order, _runs, merge_cycles  # noqa: E402
 
 pytestmark = pytest.mark.tf
 
@@ -157,3 +157,22 @@ def test_the_freeing_order_runs_each_add_after_the_terms_it_reads():
     assert all(run_of[p] <= run_of[j] for j, ps in enumerate(producers) for p in ps)
     # without the op graph, creation order: the first run holds terms only
     assert _runs([[i] for i in range(len(producers))], limit=4)[0] == [0, 1, 2]
+
+
+def test_a_cycle_of_many_groups_becomes_one_node_named_by_its_first_and_their_number():
+    # group k holds ops k and n + k; op k reads op k - 1 and op n reads op n - 1: every group depends on
+    # the one before it and the first on the last (a recurrence's backward interleaved with its forward)
+    n = 120
+    producers = [[]] + [[k - 1] for k in range(1, n)] + [[n - 1]] + [[] for _ in range(n - 1)]
+    op_graph, _ = fake_ops(producers)
+    groups = [Group(f"layer/step_{k}", [k, n + k], False, True) for k in range(n)] + [Group("other", [], False, True)]
+    merged = merge_cycles(groups[:n], op_graph)
+    assert len(merged) == 1
+    assert merged[0].name == f"layer/step_0+{n - 1}"
+    assert merged[0].ops == list(range(2 * n))
+    # a name another group has already: the members' names joined, never a duplicate
+    groups[n] = Group(f"layer/step_0+{n - 1}", [], False, True)
+    op_graph, _ = fake_ops(producers + [[]])
+    groups[n].ops.append(2 * n)
+    names = [g.name for g in merge_cycles(groups, op_graph)]
+    assert len(set(names)) == len(names) == 2

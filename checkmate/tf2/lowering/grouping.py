@@ -538,13 +538,21 @@ def merge_cycles(groups: list[Group], op_graph: OpGraph) -> list[Group]:
     if nx.is_directed_acyclic_graph(dg):
         return groups
     merged = []
-    for scc in nx.strongly_connected_components(dg):
+    components = list(nx.strongly_connected_components(dg))
+    taken = {g.name for g in groups}
+    for scc in components:
         members = sorted(scc, key=lambda k: min(groups[k].ops))
         if len(members) == 1:
             merged.append(groups[members[0]])
             continue
         ops = sorted(i for k in members for i in groups[k].ops)
-        merged.append(Group("+".join(groups[k].name for k in members), ops,
+        # named by its first member and how many joined it, as runs are (the names of a cycle of a
+        # recurrence's backward, hundreds of ops, would fill the summary and every error that names it)
+        name = f"{groups[members[0]].name}+{len(members) - 1}"
+        if name in taken:
+            name = "+".join(groups[k].name for k in members)
+        taken.add(name)
+        merged.append(Group(name, ops,
                             any(groups[k].backward for k in members),
                             all(groups[k].recomputable for k in members), layer=groups[members[0]].layer))
     return merged
