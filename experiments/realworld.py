@@ -39,7 +39,10 @@ classifiers; keras.applications EfficientNetB2, MobileNetV3Large, ResNet50V2, Co
 DenseNet169, InceptionResNetV2, MobileNet and ResNet101; KerasHub's Gemma3 causal LM (text only),
 RoformerV2 classifier and VGG classifier (a functional backbone, then a head of a 7x7 convolution);
 KerasHub's Swin Transformer, CSPNet (CSP-DarkNet), MiT and Xception classifiers, GPT-OSS (4 experts,
-top 2), SmolLM3 and RWKV-7 causal LMs.
+top 2), SmolLM3 and RWKV-7 causal LMs; Qwen3.5 (gated delta-rule linear attention), Gemma4 (text only,
+position ids), Qwen-MoE (4 experts, top 2, a shared expert), Qwen2 and Llama3 causal LMs, the FNet
+classifier (token and segment ids), the ESM protein classifier (token ids only), KerasHub's HGNetV2
+classifier and the SegFormer segmenter (one-hot labels per pixel, the task's own loss).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ BATCH = 8
 SEQUENCE = 128
 IMAGE = 64
 CLASSES = 10
+SEGMENT_CLASSES = 4
 VOCAB = 2000
 # transformer width: large enough that a step's compute, not its dispatch, sets the epoch time
 HIDDEN = 256
@@ -296,6 +300,77 @@ def hub_xception():
     return hub.models.XceptionImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
 
 
+def qwen3_5():
+    """KerasHub's Qwen3.5 causal LM (2 layers of its default kinds: gated delta-rule linear attention,
+    a recurrence over the tokens unrolled in Python on TensorFlow; 2 key and 4 value heads of 32)."""
+    hub = _hub()
+    backbone = hub.models.Qwen3_5Backbone(
+        vocabulary_size=VOCAB, num_layers=2, num_query_heads=4, num_key_value_heads=2, head_dim=HIDDEN // 4,
+        hidden_dim=HIDDEN, intermediate_dim=2 * HIDDEN, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=32, linear_value_head_dim=32)
+    return hub.models.Qwen3_5CausalLM(backbone=backbone, preprocessor=None)
+
+
+def gemma4():
+    """KerasHub's Gemma4 causal LM, text only (2 layers, sliding-window attention of 64 tokens); its
+    inputs include position ids."""
+    hub = _hub()
+    backbone = hub.models.Gemma4Backbone(
+        vocabulary_size=VOCAB, image_size=None, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+        hidden_dim=HIDDEN, intermediate_dim=2 * HIDDEN, head_dim=HIDDEN // 4, sliding_window_size=64)
+    return hub.models.Gemma4CausalLM(backbone=backbone, preprocessor=None)
+
+
+def qwen_moe():
+    """KerasHub's Qwen-MoE causal LM (4 experts, top 2, and a shared expert)."""
+    hub = _hub()
+    backbone = hub.models.QwenMoeBackbone(
+        vocabulary_size=VOCAB, num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=HIDDEN,
+        intermediate_dim=2 * HIDDEN, moe_intermediate_dim=HIDDEN, shared_expert_intermediate_dim=HIDDEN,
+        num_experts=4, top_k=2)
+    return hub.models.QwenMoeCausalLM(backbone=backbone, preprocessor=None)
+
+
+def fnet():
+    """KerasHub's FNet classifier (Fourier transforms in place of attention; token and segment ids)."""
+    hub = _hub()
+    backbone = hub.models.FNetBackbone(vocabulary_size=VOCAB, num_layers=2, hidden_dim=HIDDEN,
+                                       intermediate_dim=2 * HIDDEN, max_sequence_length=SEQUENCE)
+    return hub.models.FNetTextClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+
+
+def esm():
+    """KerasHub's ESM protein classifier (rotary embeddings; token ids only)."""
+    hub = _hub()
+    backbone = hub.models.ESMBackbone(vocabulary_size=VOCAB, num_layers=2, num_heads=4, hidden_dim=HIDDEN,
+                                      intermediate_dim=2 * HIDDEN, max_sequence_length=SEQUENCE)
+    return hub.models.ESMProteinClassifier(backbone=backbone, num_classes=4, preprocessor=None)
+
+
+def hub_hgnetv2():
+    """KerasHub's HGNetV2 classifier (three stages, its docstring's small configuration)."""
+    hub = _hub()
+    backbone = hub.models.HGNetV2Backbone(
+        depths=[1, 2, 4], embedding_size=32, hidden_sizes=[64, 128, 256], stem_channels=[3, 16, 32],
+        hidden_act="relu", use_learnable_affine_block=False,
+        stackwise_stage_filters=[(32, 16, 64, 1, 1, 3), (64, 32, 128, 2, 1, 3), (128, 64, 256, 4, 1, 3)],
+        apply_downsample=[False, True, True], use_lightweight_conv_block=[False, False, False],
+        image_shape=(IMAGE, IMAGE, 3))
+    return hub.models.HGNetV2ImageClassifier(backbone=backbone, num_classes=CLASSES, preprocessor=None)
+
+
+def segformer():
+    """KerasHub's SegFormer segmenter on a small MiT encoder: a per-pixel loss over 4 classes (the
+    task's own compile() defaults: one-hot labels)."""
+    hub = _hub()
+    encoder = hub.models.MiTBackbone(
+        layerwise_depths=[1, 1, 1, 1], num_layers=4, layerwise_num_heads=[1, 2, 2, 4], layerwise_sr_ratios=[8, 4, 2, 1],
+        max_drop_path_rate=0.1, layerwise_patch_sizes=[7, 3, 3, 3], layerwise_strides=[4, 2, 2, 2],
+        image_shape=(IMAGE, IMAGE, 3), hidden_dims=[32, 64, 96, 128])
+    backbone = hub.models.SegFormerBackbone(image_encoder=encoder, projection_filters=64)
+    return hub.models.SegFormerImageSegmenter(backbone=backbone, num_classes=SEGMENT_CLASSES, preprocessor=None)
+
+
 # keras.applications models that refuse inputs below a size of their own (InceptionV3 and
 # InceptionResNetV2: 75, Xception: 71)
 IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75, "InceptionResNetV2": 75}
@@ -371,11 +446,20 @@ EXTRA_MODELS = {
     "hubcspnet": (hub_cspnet, "image"),
     "hubmit": (hub_mit, "image"),
     "hubxception": (hub_xception, "image"),
+    "qwen3_5": (qwen3_5, "lm"),
+    "gemma4": (gemma4, "lm_positions"),
+    "qwenmoe": (qwen_moe, "lm"),
+    "qwen2": (_causal_lm_of("Qwen2", num_query_heads=4, num_key_value_heads=2), "lm"),
+    "llama3": (_causal_lm_of("Llama3", num_query_heads=4, num_key_value_heads=2), "lm"),
+    "fnet": (fnet, "segments"),
+    "esm": (esm, "tokens"),
+    "hubhgnetv2": (hub_hgnetv2, "image"),
+    "segformer": (segformer, "segmentation"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
 HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet", "hubvgg", "hubswin", "hubcspnet", "hubmit",
-                   "hubxception"}
-TRANSFORMERS = {"lm", "bert", "distilbert", "seq2seq"}
+                   "hubxception", "hubhgnetv2", "segformer"}
+TRANSFORMERS = {"lm", "lm_positions", "bert", "distilbert", "seq2seq", "segments", "tokens"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
 # KerasHub's small VGG: 71.2% of its activations at the least
@@ -409,6 +493,20 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
         ones = np.ones((n, SEQUENCE), "int32")
         return ({"encoder_token_ids": enc, "encoder_padding_mask": ones, "decoder_token_ids": dec,
                  "decoder_padding_mask": ones}, np.roll(dec, -1, axis=1))
+    if kind == "lm_positions":  # token ids, padding mask and position ids (Gemma4)
+        ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        positions = np.tile(np.arange(SEQUENCE, dtype="int32"), (n, 1))
+        return ({"token_ids": ids, "padding_mask": np.ones_like(ids), "position_ids": positions},
+                np.roll(ids, -1, axis=1))
+    if kind == "segments":      # token and segment ids, no padding mask (FNet)
+        ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        return {"token_ids": ids, "segment_ids": np.zeros_like(ids)}, rng.integers(0, 4, (n,)).astype("int32")
+    if kind == "tokens":        # token ids only (ESM)
+        ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
+        return {"token_ids": ids}, rng.integers(0, 4, (n,)).astype("int32")
+    if kind == "segmentation":  # images and one-hot labels per pixel
+        images = rng.standard_normal((n, image, image, 3)).astype("float32")
+        return images, np.eye(SEGMENT_CLASSES, dtype="float32")[rng.integers(0, SEGMENT_CLASSES, (n, image, image))]
     if kind == "distilbert":    # no segment ids
         ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
         return {"token_ids": ids, "padding_mask": np.ones_like(ids)}, rng.integers(0, 4, (n,)).astype("int32")
