@@ -341,7 +341,7 @@ def save_weights_in_model_layout(model: object, optimizer: object, filepath: str
 
     store = saving_lib.H5IOStore(filepath, mode="w")
     try:
-        visited: set = set()
+        visited = _other_optimizer(model, optimizer)
         saving_lib._save_state(model, weights_store=store, assets_store=None, inner_path="",
                                visited_saveables=visited)
         if optimizer is not None and id(optimizer) not in visited:
@@ -349,6 +349,14 @@ def save_weights_in_model_layout(model: object, optimizer: object, filepath: str
                                    visited_saveables=visited)
     finally:
         store.close()
+
+
+def _other_optimizer(model: object, optimizer: object) -> set:
+    """The saveables a weights file of ``model`` skips: the model's own optimizer when the model was
+    compiled with one of its own and ``optimizer`` (the one that trains it) is another, whose state
+    takes its place under ``optimizer/`` (a KerasHub task compiles itself when built)."""
+    own = getattr(model, "optimizer", None)
+    return {id(own)} if optimizer is not None and own is not None and own is not optimizer else set()
 
 
 def weights_file_groups(filepath: str) -> set[str]:
@@ -372,7 +380,7 @@ def load_weights_in_model_layout(model: object, optimizer: object, filepath: str
     failed: set = set()
     errors: dict = {}
     try:
-        visited: set = set()
+        visited = _other_optimizer(model, optimizer)
         saving_lib._load_state(model, weights_store=store, assets_store=None, inner_path="",
                                skip_mismatch=skip_mismatch, visited_saveables=visited,
                                failed_saveables=failed, error_msgs=errors)

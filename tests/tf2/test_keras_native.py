@@ -169,6 +169,36 @@ def test_save_load_with_the_models_own_optimizer_keeps_its_state(tmp_path, adopt
     assert_same_weights(plain, loaded, rtol=1e-5, atol=1e-6)
 
 
+def test_a_model_compiled_with_its_own_optimizer_saves_the_trainers_optimizer_state(tmp_path):
+    # a model compiled before it is wrapped (a KerasHub task compiles itself) keeps an optimizer of its
+    # own: the trainer's weights file (ModelCheckpoint's save_weights_only) holds the state of the
+    # optimizer that trains, where the model keeps its own, and reads back into a trainer
+    x, y = data(2 * BATCH)
+    model = convnext()
+    model.compile(keras.optimizers.Adam(1e-3), LOSS)
+    trainer = checkmate.tf2.RematModel(model, **OPTIONS)
+    trainer.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS)
+    path = str(tmp_path / "best.weights.h5")
+    trainer.fit(x, y, batch_size=BATCH, epochs=2, verbose=0,
+                callbacks=[keras.callbacks.ModelCheckpoint(path, save_weights_only=True)])
+    assert model.optimizer is not trainer.optimizer
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        assert "optimizer" in f
+        saved = [np.asarray(f["optimizer"]["vars"][k]) for k in sorted(f["optimizer"]["vars"], key=int)]
+    assert len(saved) == len(trainer.optimizer.variables)
+    for got, want in zip(saved, trainer.optimizer.variables):
+        np.testing.assert_array_equal(got, np.asarray(want))
+    resumed = checkmate.tf2.RematModel(convnext(seed=5), **OPTIONS)
+    resumed.compile(keras.optimizers.SGD(0.05, momentum=0.9), LOSS)
+    resumed.optimizer.build(resumed.trainable_variables)
+    resumed.load_weights(path)
+    np.testing.assert_allclose(resumed.predict(x, verbose=0), trainer.predict(x, verbose=0), rtol=1e-6)
+    for a, b in zip(trainer.optimizer.variables, resumed.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_partial_last_batch_sample_and_class_weights_as_keras():
     x, y = data(3 * BATCH + 3)
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH)       # last batch: 3 rows
