@@ -133,3 +133,45 @@ def test_a_limit_the_caller_gave_is_kept_when_it_finds_no_schedule(monkeypatch):
     with pytest.raises(TimeLimitError):
         _compile_mlp(time_limit_s=4.0)
     assert seen == [4.0]
+
+
+def _first_plan_far_from_its_bound(monkeypatch, overhead: float, bound_overhead: float):
+    """``solve_or_reuse`` whose first answer is the Griewank baseline's schedule (recomputing a lot),
+    reported with overhead ``overhead`` against a bound of ``bound_overhead``, and which solves on the
+    others; records each call's time limit."""
+    from dataclasses import replace
+
+    seen = []
+    real = step_module.solve_or_reuse
+
+    def first_is_poor(graph, budget_bytes, **kwargs):
+        seen.append(kwargs.get("time_limit_s"))
+        result = real(graph, budget_bytes, **kwargs)
+        if len(seen) == 1:
+            total = graph.total_cost
+            return replace(result, compute_cost=overhead * total, lower_bound=bound_overhead * total, optimal=False,
+                           status="a poor first plan")
+        return result
+
+    monkeypatch.setattr(step_module, "solve_or_reuse", first_is_poor)
+    return seen
+
+
+def test_a_default_limits_plan_far_from_its_bound_is_solved_once_more_and_the_cheaper_kept(monkeypatch):
+    seen = _first_plan_far_from_its_bound(monkeypatch, overhead=2.0, bound_overhead=1.0)
+    step = _compile_mlp(time_limit_s=lambda n: 4.0)        # RematModel's kind of default limit
+    assert seen == [4.0, step_module.DEFAULT_LIMIT_RETRY_FACTOR * 4.0]
+    assert step.result.status != "a poor first plan" and step.result.overhead < 2.0
+
+
+@pytest.mark.parametrize("overhead, bound_overhead, limit", [
+    (1.2, 1.0, lambda n: 4.0),       # cheap: not worth a second solve
+    (2.0, 1.9, lambda n: 4.0),       # close to its bound
+    (2.0, 1.0, 4.0),                 # a limit the caller gave
+    (2.0, 1.0, None),                # compile's own default (150 s): a second solve would double it
+])
+def test_a_plan_close_to_its_bound_cheap_or_under_a_given_limit_is_kept(monkeypatch, overhead, bound_overhead, limit):
+    seen = _first_plan_far_from_its_bound(monkeypatch, overhead=overhead, bound_overhead=bound_overhead)
+    step = _compile_mlp(time_limit_s=limit)
+    assert len(seen) == 1
+    assert step.result.status == "a poor first plan"
