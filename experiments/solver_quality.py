@@ -8,6 +8,9 @@ Graphs (no TensorFlow needed to run this script):
   ViTImageClassifier and keras.applications' DenseNet121 (64x64), at the configurations of
   ``experiments/realworld.py``, batch 8, ``level="auto"``, profiled costs (written by the
   ``--extract`` mode of this script, which needs TensorFlow and keras-hub);
+* ``experiments/results/graphs/real/qwenmoe.json``: the graph ``RematModel`` plans for KerasHub's
+  QwenMoeCausalLM (4 experts, top 2, a shared expert) at ``experiments/realworld.py``'s
+  configuration, batch 8, ``level="auto"``, profiled on an AMD EPYC (``--extract qwenmoe``);
 * ``experiments/results/graphs/real/{inceptionresnetv2,qwen3moe}.json``: the graphs
   ``checkmate.tf2.compile`` and ``RematModel`` planned, with their defaults, for keras.applications'
   InceptionResNetV2 (75x75, 10 classes, SGD with momentum) and KerasHub's Qwen3MoeCausalLM (2 layers,
@@ -19,7 +22,9 @@ Graphs (no TensorFlow needed to run this script):
 
 For each graph and budget (a percentage of checkpoint-all's peak), ``auto`` runs under a time limit
 twice, interleaved: ``before`` with the repair and refinement passes switched off (among them the
-drops of holds from checkpoint-all on graphs of up to 500 nodes), ``after`` as it is. Each row gives
+drops of holds from checkpoint-all on graphs of up to 500 nodes), ``after`` as it is (``--variants``
+also offers ``no_late_repair``: auto without the repair of a refused hierarchical plan's programmes
+further above the budget once a schedule is known). Each row gives
 the overhead (compute cost over one plain step), the proven lower bound auto reports (in the same
 unit) and the gap to it, the seconds taken, or the minimum budget auto names when it refuses, and the
 one-minute load average when the run started (the machine is shared: it says how much of the time
@@ -29,6 +34,7 @@ Writes experiments/results/solver_quality.csv and solver_quality.md.
 
     python experiments/solver_quality.py                       # every graph (~30 min on 2 loaded cores)
     python experiments/solver_quality.py --graphs gpt2,vit --time-limit 20
+    python experiments/solver_quality.py --graphs qwenmoe,qwen3moe --variants no_late_repair,after --name solver_quality_late
     python experiments/solver_quality.py --extract gpt2,llama,bert,vit,densenet121   # needs TensorFlow
 """
 
@@ -58,6 +64,7 @@ CASES = {
     "densenet121": (("60%", "55%", "50%"), 120.0),
     "inceptionresnetv2": (("50% activations",), 150.0),
     "qwen3moe": (("50%",), 57.0),
+    "qwenmoe": (("50%",), 60.0),
     "nasnetmobile": (("70%", "50%"), 60.0),
     "unet326": (("50%", "40%", "30%"), 150.0),
     "unet446": (("50%", "40%", "30%"), 150.0),
@@ -85,10 +92,14 @@ def run(graph, budget: str, variant: str, time_limit_s: float) -> dict:
     from checkmate.solvers import parse_budget
     from checkmate.solvers.types import relative_gap
 
-    saved = auto_module._repair, auto_module._refine
+    saved = auto_module._repair, auto_module._refine, auto_module.PLAN_LATE_REPAIR_MAX_EXCESS
     if variant == "before":
         auto_module._repair = lambda *a, **k: None
         auto_module._refine = lambda *a, **k: None
+    elif variant == "no_late_repair":
+        # a refused hierarchical plan's programmes more than PLAN_REPAIR_MAX_EXCESS above the budget
+        # are not repaired once a schedule is known
+        auto_module.PLAN_LATE_REPAIR_MAX_EXCESS = 0.0
     # the machine is shared: the load when the run starts says how much of the time limit it had
     row = {"graph": graph.name, "nodes": graph.n, "budget": budget, "variant": variant, "time_limit_s": time_limit_s,
            "load_1min": round(os.getloadavg()[0], 1)}
@@ -107,7 +118,7 @@ def run(graph, budget: str, variant: str, time_limit_s: float) -> dict:
                    gap_to_bound=f"{100 * relative_gap(r.compute_cost, r.lower_bound):.2f}%"
                    if r.lower_bound is not None else None, status=r.status.split(";")[0][:80])
     finally:
-        auto_module._repair, auto_module._refine = saved
+        auto_module._repair, auto_module._refine, auto_module.PLAN_LATE_REPAIR_MAX_EXCESS = saved
     row["seconds"] = round(time.perf_counter() - started, 1)
     return row
 
@@ -177,6 +188,10 @@ def main(argv=None) -> int:
     p.add_argument("--time-limit", type=float, default=None, help="override every graph's time limit (seconds)")
     p.add_argument("--extract", default=None, help="lower these realworld.py models to graph files instead")
     p.add_argument("--name", default="solver_quality", help="output file stem")
+    p.add_argument("--variants", default="before,after",
+                   help="comma-separated runs of each graph and budget: before (no repair or refinement), "
+                        "after (auto as it is), no_late_repair (auto without the late repair of a refused "
+                        "hierarchical plan's programmes)")
     p.add_argument("--bounds", action="store_true",
                    help="only auto as it is (no run without repair), beside the memory bound without what "
                         "recomputations need (cost_lower_bound's recompute_inputs=False), with it in "
@@ -192,7 +207,7 @@ def main(argv=None) -> int:
         budgets, limit = CASES[name]
         graph = load(name)
         for budget in budgets:
-            for variant in (("after",) if args.bounds else ("before", "after")):
+            for variant in (("after",) if args.bounds else args.variants.split(",")):
                 row = run(graph, budget, variant, args.time_limit or limit)
                 row["graph"] = name
                 if args.bounds:

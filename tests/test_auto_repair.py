@@ -103,3 +103,22 @@ def test_auto_solves_real_models_at_half_of_checkpoint_all_within_a_first_plan_l
     assert r.lower_bound is not None and r.lower_bound <= r.compute_cost
     # the status states auto's own distance to the bound, once
     assert r.optimal or r.status.count("within") == 1
+
+
+def test_a_plan_far_above_the_budget_is_repaired_once_a_schedule_is_known():
+    # KerasHub's Qwen-MoE at 50%: an expert block's backward reads 28 MB of its own values, and the
+    # hierarchical plan's least peak is 1.24x the budget (beyond the early repair's 5%). Once the drops
+    # from checkpoint-all have a schedule (1.24x), that programme is repaired too and, refined, wins.
+    from checkmate.solvers.auto import PLAN_LATE_REPAIR_MAX_EXCESS, PLAN_REPAIR_MAX_EXCESS
+
+    graph = load_graph(REAL / "qwenmoe.json")
+    budget = parse_budget("50%", graph)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.solve(graph, budget, strategy="hierarchical", time_limit_s=30)
+    least = info.value.min_feasible_budget_bytes
+    assert budget * (1 + PLAN_REPAIR_MAX_EXCESS) < least <= budget * (1 + PLAN_LATE_REPAIR_MAX_EXCESS)
+    r = checkmate.solve(graph, budget, strategy="auto", time_limit_s=60)
+    assert_valid_schedule(graph, r.schedule, budget)
+    assert r.status.startswith("hierarchical: repaired"), r.status
+    assert r.compute_cost < 1.22 * graph.total_cost          # the drops from checkpoint-all alone: 1.24x
+    assert r.lower_bound is not None and r.compute_cost <= 1.05 * r.lower_bound
