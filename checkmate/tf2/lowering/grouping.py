@@ -538,9 +538,8 @@ def merge_cycles(groups: list[Group], op_graph: OpGraph) -> list[Group]:
     if nx.is_directed_acyclic_graph(dg):
         return groups
     merged = []
-    components = list(nx.strongly_connected_components(dg))
     taken = {g.name for g in groups}
-    for scc in components:
+    for scc in nx.strongly_connected_components(dg):
         members = sorted(scc, key=lambda k: min(groups[k].ops))
         if len(members) == 1:
             merged.append(groups[members[0]])
