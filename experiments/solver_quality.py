@@ -69,6 +69,7 @@ CASES = {
     "unet326": (("50%", "40%", "30%"), 150.0),
     "unet446": (("50%", "40%", "30%"), 150.0),
 }
+VARIANTS = ("before", "after", "no_late_repair")
 FIELDS = ["graph", "nodes", "budget", "variant", "time_limit_s", "load_1min", "seconds", "overhead", "bound",
           "gap_to_bound", "min_budget_pct", "status"]
 
@@ -200,6 +201,12 @@ def main(argv=None) -> int:
     if args.extract:
         extract(args.extract.split(","))
         return 0
+    unknown = [v for v in args.variants.split(",") if v not in VARIANTS]
+    if unknown:
+        p.error(f"unknown variant(s) {', '.join(unknown)}: one of {', '.join(VARIANTS)}")
+    unknown = [g for g in args.graphs.split(",") if g not in CASES]
+    if unknown:
+        p.error(f"unknown graph(s) {', '.join(unknown)}: one of {', '.join(CASES)}")
     started = time.perf_counter()
     load_at_start = list(os.getloadavg())
     rows = []
