@@ -268,6 +268,34 @@ def keras_compiled_loss(model: object):
     return getattr(model, "_compile_loss", None)
 
 
+def own_compute_loss(model: object) -> str | None:
+    """The name of the class that overrides ``keras.Model.compute_loss`` for ``model`` (Keras 3.0-3.15:
+    ``Trainer.compute_loss``, the documented way to customize a model's loss), or ``None``."""
+    import keras
+
+    own = getattr(type(model), "compute_loss", None)
+    if own is None or own is keras.Model.compute_loss:
+        return None
+    return next((c.__name__ for c in type(model).__mro__ if "compute_loss" in vars(c)), type(model).__name__)
+
+
+def call_compute_loss(model: object, compiled, x, y, y_pred, sample_weight, training: bool):
+    """``model.compute_loss`` as Keras' train and test steps call it (Keras 3.3+ passes ``training``
+    when the method takes it), with ``compiled`` as the ``CompileLoss`` its ``super().compute_loss``
+    uses (Keras 3.0-3.15: ``Trainer._compile_loss``): the loss ``RematModel`` was compiled with,
+    which the wrapped model may lack or compile differently. The model's own is put back after."""
+    import inspect
+
+    before = vars(model).get("_compile_loss")
+    object.__setattr__(model, "_compile_loss", compiled)
+    try:
+        if "training" in inspect.signature(model.compute_loss).parameters:
+            return model.compute_loss(x, y, y_pred, sample_weight, training=training)
+        return model.compute_loss(x, y, y_pred, sample_weight)
+    finally:
+        object.__setattr__(model, "_compile_loss", before)
+
+
 def keras_compile_arguments(model: object) -> dict:
     """What ``compile`` was given, by argument name (Keras 3.0-3.15: ``Trainer._compile_config``, a
     ``SerializableDict`` whose ``config`` holds the arguments); empty for a model never compiled."""

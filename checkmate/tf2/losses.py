@@ -4,7 +4,9 @@ The rematerialized step of ``RematModel`` differentiates the loss exactly as ``k
 computes it: the model's compiled ``CompileLoss`` (every output's loss, ``loss_weights``, dict or
 list losses keyed by output names, masks carried by the predictions, each loss's reduction) is
 called inside the traced step on ``(y, y_pred, sample_weight)``, and the model's own losses
-(regularizers, ``add_loss``) are added by the lowering.
+(regularizers, ``add_loss``) are added by the lowering. A model that overrides ``compute_loss`` (the
+way Keras documents for a loss of its own) has that method traced instead, with the inputs, as
+Keras' train step calls it; it adds the model's own losses itself.
 
 Sample weights are an input of the step, so that one compiled step serves every batch:
 
@@ -87,10 +89,27 @@ def step_loss(trainer: Any) -> Callable:
     if compiled is None:
         raise InvalidArgumentError("compile the RematModel with a loss before fit()")
 
-    def loss(target: Any, pred: Any) -> tf.Tensor:
+    def weights(target: Any) -> tuple:
         y, weight = target
         if not tf.nest.is_nested(weight) and weight.shape.rank == 1:
             weight = row_weights_as(weight, y)
+        return y, weight
+
+    inner = getattr(trainer, "inner", None)
+    if inner is not None and _compat.own_compute_loss(inner) is not None:
+        # the wrapped model's own compute_loss (through the trainer's), which may read the inputs: the
+        # lowering calls it with them (``takes_inputs``) and adds no model losses of its own
+        def own_loss(target: Any, pred: Any, x: Any) -> tf.Tensor:
+            # labels of several parts may be turned into other targets by the method (a detector's
+            # boxes and classes): a row weight is given to it as it is, not shaped after each part
+            y, weight = weights(target) if not tf.nest.is_nested(target[0]) else target
+            return trainer.compute_loss(x, y, pred, weight, training=True)
+
+        own_loss.takes_inputs = True
+        return own_loss
+
+    def loss(target: Any, pred: Any) -> tf.Tensor:
+        y, weight = weights(target)
         return compiled(y, pred, sample_weight=weight)
 
     return loss

@@ -141,5 +141,5 @@ class CompiledStepModel(StepTrainer):
         if sample_weight is not None:
             raise InvalidArgumentError("evaluating the compiled step's loss does not take sample weights")
         pred = self.inner(x, training=False)
-        self.loss_tracker.update_state(_unscaled(training_loss(self.inner, self.step.loss, y, pred)))
+        self.loss_tracker.update_state(_unscaled(training_loss(self.inner, self.step.loss, y, pred, x)))
         return self.compute_metrics(x, y, pred)

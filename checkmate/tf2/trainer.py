@@ -406,6 +406,17 @@ class StepTrainer(keras.Model):
     def call(self, inputs, training=False):
         return self.inner(_compat.in_input_order(self.inner, inputs), training=training)
 
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        """Keras' loss of a batch; the wrapped model's own ``compute_loss`` where it overrides Keras'
+        (a loss that reads the inputs or calls sublayers again, as KerasHub's BASNet, RetinaNet and
+        PARSeq tasks do), given this model's compiled loss for its ``super().compute_loss``. The
+        rematerialized step differentiates this (:func:`checkmate.tf2.losses.step_loss`) and
+        ``evaluate`` reports it, as the wrapped model's own ``fit`` and ``evaluate`` would."""
+        if _compat.own_compute_loss(self.inner) is None:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        return _compat.call_compute_loss(self.inner, _compat.keras_compiled_loss(self), x, y, y_pred,
+                                         sample_weight, training)
+
     @property
     def output_names(self):
         """The wrapped model's: ``compile`` names each output's loss and metrics after them, as Keras

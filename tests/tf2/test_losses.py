@@ -214,3 +214,57 @@ def test_row_weights_take_each_output_labels_rank():
     assert losses.row_weights_as(w, tf.zeros((2,))).shape == (2,)
     nested = losses.row_weights_as(w, {"a": tf.zeros((2, 3)), "b": tf.zeros((2, 3, 4))})
     assert nested["a"].shape == (2, 1) and nested["b"].shape == (2, 1, 1)
+
+
+class OwnLoss(keras.Model):
+    """A functional model that overrides ``compute_loss`` as Keras documents: its compiled loss plus a
+    reconstruction of the inputs by layers the forward pass does not use (the loss reads ``x`` and
+    calls sublayers again, as KerasHub's BASNet and PARSeq tasks do)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        base = super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        recon = self.recon(self.get_layer("hidden")(x))
+        return base + 0.5 * keras.ops.mean(keras.ops.square(recon - x))
+
+
+class OwnLossNoTraining(OwnLoss):
+    """The same loss, overridden without the ``training`` argument (Keras before 3.3)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+        return super().compute_loss(x, y, y_pred, sample_weight)
+
+
+def own_loss_model(cls=OwnLoss, seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,), name="features")
+    hidden = keras.layers.Dense(16, activation="gelu", name="hidden",
+                                kernel_regularizer=keras.regularizers.L2(1e-2))
+    recon = keras.layers.Dense(8, name="recon")
+    out = keras.layers.Dense(4, name="out")(hidden(inputs))
+    model = cls(inputs, out, name="own_loss")
+    recon.build((None, 16))
+    model.recon = recon          # tracked: its variables are the model's, trained through the loss only
+    return model
+
+
+@pytest.mark.parametrize("cls", [OwnLoss, OwnLossNoTraining])
+def test_a_model_that_overrides_compute_loss_trains_and_evaluates_with_that_loss(cls):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3 * BATCH, 8)).astype("float32")
+    y = rng.integers(0, 4, (3 * BATCH,)).astype("int32")
+    compile_kwargs = lambda: dict(optimizer=keras.optimizers.SGD(0.1),
+                                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    want, got, trainer = fit_both(lambda: own_loss_model(cls), compile_kwargs, x=x, y=y, batch_size=BATCH)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    # the reconstruction layer is trained by the loss alone: its weights moved as plain fit moved them
+    other = trainer.inner.recon.kernel.numpy()
+    assert not np.allclose(other, own_loss_model(cls).recon.kernel.numpy())
+    # the compiled loss alone is a different number: the override was traced, not the compiled loss
+    plain = keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y[:BATCH], trainer.inner(x[:BATCH]))
+    assert abs(float(plain) - float(trainer.evaluate(x[:BATCH], y[:BATCH], verbose=0))) > 1e-3
+    # evaluate reports the model's own loss, as the wrapped model's evaluate does
+    reference = own_loss_model(cls)
+    reference.set_weights(trainer.inner.get_weights())
+    reference.compile(**compile_kwargs())
+    np.testing.assert_allclose(trainer.evaluate(x, y, batch_size=BATCH, verbose=0),
+                               reference.evaluate(x, y, batch_size=BATCH, verbose=0), rtol=1e-5)

@@ -157,13 +157,17 @@ def _scalar_loss(value: Any) -> tf.Tensor:
     return value
 
 
-def training_loss(model: Any, loss: Any, y: Any, pred: Any) -> tf.Tensor:
+def training_loss(model: Any, loss: Any, y: Any, pred: Any, x: Any = None) -> tf.Tensor:
     """The scalar that the lowered step differentiates: ``loss(y, pred)`` (its mean if it is not a
     scalar) plus the model's own losses (regularizers, ``add_loss``). Under a ``tf.distribute``
     strategy, in a replica context, it is that replica's share as in Keras' ``train_step``: a Keras
     loss and the mean of a per-sample loss divided by the number of replicas, and so are the
-    model's own losses."""
-    value = _scalar_loss(_resolve_loss(loss, model)(y, pred))
+    model's own losses. A loss marked ``takes_inputs`` (a model's own ``compute_loss``, see
+    :func:`checkmate.tf2.losses.step_loss`) is ``loss(y, pred, x)``, the model's losses included."""
+    fn = _resolve_loss(loss, model)
+    if getattr(fn, "takes_inputs", False):
+        return _scalar_loss(fn(y, pred, x))
+    value = _scalar_loss(fn(y, pred))
     extra = list(getattr(model, "losses", []) or [])
     if extra:
         value = value + _replica_share(tf.add_n([tf.cast(e, value.dtype) for e in extra]))
@@ -318,7 +322,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         with tf.GradientTape() as tape:
             pred = model(_compat.in_input_order(model, x), training=True)
             marks["loss_start"] = _compat.current_graph_op_count()
-            value = training_loss(model, loss_fn, y, pred)
+            value = training_loss(model, loss_fn, y, pred, x)
             scaled = value
             if optimizer is not None and hasattr(optimizer, "scale_loss"):
                 # Keras' optimizers all have scale_loss: the identity but for LossScaleOptimizer, whose
