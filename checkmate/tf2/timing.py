@@ -165,6 +165,15 @@ def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tupl
     shared machine falls on all of them alike. Each round starts one function further on (round ``r``
     calls ``fns[r % n]`` first), so that no function is always the one called right after another
     (with the caches and thread pools that one left behind) or always the first of a round."""
+    wall, cpu = interleaved_samples(fns, *args, repeats=repeats)
+    return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
+
+
+def interleaved_samples(fns: Sequence[Any], *args: Any, repeats: int = 15, min_repeats: int | None = None,
+                        max_seconds: float | None = None) -> tuple[list[list[float]], list[list[float]]]:
+    """The wall and process CPU seconds of every timed call of :func:`interleaved_times`, per function.
+    With ``max_seconds``, rounds stop early once ``min_repeats`` are done and the timed rounds have
+    taken that long: a step of seconds is measured in fewer rounds than a step of milliseconds."""
     def run(fn):
         out = fn(*args)
         for t in tf.nest.flatten(out)[:1]:     # wait for the values (a GPU returns early)
@@ -175,14 +184,18 @@ def interleaved_times(fns: Sequence[Any], *args: Any, repeats: int = 15) -> tupl
     wall: list[list[float]] = [[] for _ in fns]
     cpu: list[list[float]] = [[] for _ in fns]
     n = len(fns)
+    begun = time.perf_counter()
+    least = max(1, repeats if min_repeats is None else min(min_repeats, repeats))
     for r in range(max(1, repeats)):
+        if max_seconds is not None and r >= least and time.perf_counter() - begun > max_seconds:
+            break
         for k in [(r + j) % n for j in range(n)]:
             fn = fns[k]
             start, cpu_start = time.perf_counter(), time.process_time()
             run(fn)
             wall[k].append(time.perf_counter() - start)
             cpu[k].append(time.process_time() - cpu_start)
-    return [float(np.median(w)) for w in wall], [float(np.median(c)) for c in cpu]
+    return wall, cpu
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from checkmate.errors import InvalidArgumentError
@@ -27,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from checkmate.tf2.step import CompiledStep
 
 __all__ = ["StepTrainer", "StepTimeReport", "check_no_custom_train_step", "check_budget_form", "PARTIAL_BATCHES",
-           "BATCH_STATISTICS_LAYERS", "has_batch_statistics", "STEP_TIME_REPORT_REPEATS", "MODEL_FORM_NAME",
+           "BATCH_STATISTICS_LAYERS", "has_batch_statistics", "STEP_TIME_REPORT_REPEATS", "STEP_TIME_REPORT_MAX_S", "MODEL_FORM_NAME",
            "measure_against_keras", "KERAS_REFERENCE"]
 
 _log = logging.getLogger("checkmate.tf2")
@@ -41,6 +42,11 @@ BATCH_STATISTICS_LAYERS = (keras.layers.BatchNormalization,)
 # Repeats of the measurement after RematModel's first epoch: each runs both train functions once, so the
 # report costs about 2 x this many steps and one trace of Keras' own train step, once per compiled step.
 STEP_TIME_REPORT_REPEATS = 7
+# ... in fewer rounds (at least STEP_TIME_REPORT_MIN_REPEATS) once its timed rounds have taken this long:
+# a model whose step takes 20 s on a CPU (KerasHub's BASNet at 64x64) would otherwise stop fit() for
+# 7 minutes after its first epoch
+STEP_TIME_REPORT_MAX_S = 60.0
+STEP_TIME_REPORT_MIN_REPEATS = 3
 # The Keras registered name of RematModel, the form a saved wrapper of a compiled step loads back as.
 MODEL_FORM_NAME = "checkmate>RematModel"
 # get_compile_config's mark that the optimizer was the wrapped model's own
@@ -229,7 +235,7 @@ def measure_against_keras(trainer: "StepTrainer", data: Any, repeats: int = STEP
     metrics' variables are put back afterwards: the measurement trains nothing."""
     import functools
 
-    from checkmate.tf2.timing import MeasuredTime, interleaved_times, preserved_state
+    from checkmate.tf2.timing import MeasuredTime, interleaved_samples, preserved_state
 
     def source():
         return iter(tf.data.Dataset.from_tensors(data).repeat())
@@ -247,9 +253,12 @@ def measure_against_keras(trainer: "StepTrainer", data: Any, repeats: int = STEP
         gradients = _plain_gradients_call(trainer, data)
         if gradients is not None:
             fns.append(gradients)
-        walls, cpus = interleaved_times(fns, repeats=repeats)
+        wall_samples, cpu_samples = interleaved_samples(fns, repeats=repeats, min_repeats=STEP_TIME_REPORT_MIN_REPEATS,
+                                                        max_seconds=STEP_TIME_REPORT_MAX_S)
+    walls = [float(np.median(w)) for w in wall_samples]
+    cpus = [float(np.median(c)) for c in cpu_samples]
     (remat_s, plain_s), (remat_cpu, plain_cpu) = walls[:2], cpus[:2]
-    return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=repeats,
+    return MeasuredTime(step_seconds=remat_s, plain_seconds=plain_s, repeats=len(wall_samples[0]),
                         cpu_ratio=remat_cpu / plain_cpu if plain_cpu > 0 else None, reference=KERAS_REFERENCE,
                         gradient_seconds=walls[2] if gradients is not None else None)
 

@@ -12,7 +12,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
 import checkmate  # noqa: E402
-from checkmate.tf2.trainer import STEP_TIME_REPORT_REPEATS  # noqa: E402
+from checkmate.tf2.trainer import STEP_TIME_REPORT_MIN_REPEATS, STEP_TIME_REPORT_REPEATS  # noqa: E402
 
 
 def mlp() -> keras.Model:
@@ -54,14 +54,14 @@ def test_first_epoch_reports_a_real_interleaved_measurement_against_keras_own_tr
     from checkmate.tf2.trainer import KERAS_REFERENCE
 
     timed = []
-    original = timing.interleaved_times
+    original = timing.interleaved_samples
 
     def counted(fns, *args, **kwargs):
         # the functions measured, each counted as it runs
         timed.extend(CountCalls(fn) for fn in fns)
         return original(timed[-len(fns):], *args, **kwargs)
 
-    monkeypatch.setattr(timing, "interleaved_times", counted)
+    monkeypatch.setattr(timing, "interleaved_samples", counted)
     keras_steps = []
     keras_train_step = keras.Model.train_step
 
@@ -110,6 +110,45 @@ def test_first_epoch_reports_a_real_interleaved_measurement_against_keras_own_tr
     assert int(trainer.optimizer.iterations.numpy()) == 4
     assert f"measured {measured.ratio:.3f}x the plain step" in step.summary()
     assert f"the prediction comes to {measured.describe_expected(step.predicted.time_overhead)}" in step.summary()
+
+
+def test_a_slow_step_is_reported_from_fewer_rounds(monkeypatch):
+    from checkmate.tf2 import trainer as trainer_module
+
+    # every round past the least takes "too long": the report stops at the least number of rounds
+    monkeypatch.setattr(trainer_module, "STEP_TIME_REPORT_MAX_S", 0.0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 12)).astype("float32")
+    y = rng.integers(0, 5, (16,)).astype("int32")
+    trainer = checkmate.tf2.RematModel(mlp(), budget="100%", strategy="checkpoint_all",
+                                       compile_options={"cost_model": "flops"})
+    trainer.compile(keras.optimizers.SGD(0.1), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    trainer.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    measured = trainer.compiled_step().measured
+    assert measured is not None and measured.repeats == STEP_TIME_REPORT_MIN_REPEATS < STEP_TIME_REPORT_REPEATS
+    assert f"median of {STEP_TIME_REPORT_MIN_REPEATS}" in measured.describe()
+
+
+def test_interleaved_samples_stop_early_only_past_the_least_rounds_and_the_time_given():
+    import time
+
+    from checkmate.tf2.timing import interleaved_samples
+
+    calls = []
+
+    def slow():
+        calls.append(1)
+        time.sleep(0.02)
+        return tf.constant(0.0)
+
+    wall, cpu = interleaved_samples([slow, slow], repeats=15, min_repeats=3, max_seconds=0.1)
+    # three rounds of two 20 ms calls take over 0.1 s: the fourth is not started
+    assert [len(w) for w in wall] == [len(c) for c in cpu] == [3, 3]
+    assert len(calls) == 2 + 6           # a warm-up call each, then the rounds
+    wall, _ = interleaved_samples([slow], repeats=4, min_repeats=3, max_seconds=60.0)
+    assert [len(w) for w in wall] == [4]
+    wall, _ = interleaved_samples([slow], repeats=5)
+    assert [len(w) for w in wall] == [5]
 
 
 def test_measure_step_time_times_the_gradients_or_the_whole_training_step_and_trains_nothing():

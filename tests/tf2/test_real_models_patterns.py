@@ -2,8 +2,9 @@
 called once per layer (ALBERT shares its weights across depth), attention with relative-position
 buckets (DeBERTaV3), shifted-window attention (Swin: windows cut out and rolled back), a recurrence
 over the tokens unrolled in Python (Qwen3.5's gated delta-rule linear attention: its backward is one
-cycle of ops, merged into one node and split again) and a per-pixel loss on one-hot labels (SegFormer,
-the task's own loss). Random
+cycle of ops, merged into one node and split again), a per-pixel loss on one-hot labels (SegFormer,
+the task's own loss) and a masked language model's loss at gathered positions, weighted per masked
+token (BERT's MaskedLM, whose sample weights are ``(B, masks)`` as its preprocessor gives them). Random
 init, small configs, no download, ``RematModel`` with a budget only: the losses equal plain Keras
 ``fit``'s, the replayed schedule is within the budget, and no composite layer is a node of its own."""
 
@@ -64,6 +65,25 @@ def segformer():
     return keras_hub.models.SegFormerImageSegmenter(backbone=backbone, num_classes=3, preprocessor=None)
 
 
+def bert_mlm():
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=VOCAB, num_layers=2, num_heads=2, hidden_dim=64, intermediate_dim=128, dropout=0.0,
+        max_sequence_length=STEPS)
+    return keras_hub.models.BertMaskedLM(backbone=backbone, preprocessor=None)
+
+
+def masked_lm_batches(masks: int = 6):
+    """What BertMaskedLMPreprocessor gives: token ids with the masked positions, their labels, and a
+    weight per masked token (0 where a sequence has fewer masks than ``masks``)."""
+    x, _ = text_batches(True)
+    rng = np.random.default_rng(1)
+    rows = len(x["token_ids"])
+    x["mask_positions"] = np.sort(np.stack([rng.choice(STEPS - 5, masks, replace=False) for _ in range(rows)]),
+                                  axis=1).astype("int32")
+    weights = (rng.random((rows, masks)) > 0.3).astype("float32")
+    return x, rng.integers(1, VOCAB, (rows, masks)).astype("int32"), weights
+
+
 def lm_batches():
     x, _ = text_batches(False)
     return x, np.roll(x["token_ids"], -1, axis=1)
@@ -98,6 +118,7 @@ CASES = {
     "swin": (swin, image_batches),
     "qwen3_5": (qwen3_5, lm_batches),
     "segformer": (segformer, segmentation_batches),
+    "bert_mlm": (bert_mlm, masked_lm_batches),
 }
 
 
@@ -112,15 +133,16 @@ def test_keras_hub_task_trains_as_keras_at_half_of_checkpoint_all(name):
     other.set_weights(plain.get_weights())
     for model in (plain, other):
         model.compile()       # the task's own defaults: its loss, optimizer and metrics
-    x, y = data()
+    x, y, *w = data()
+    w = w[0] if w else None
     trainer = checkmate.tf2.RematModel(other, budget="50%")
     with _compat.grappler_disabled():       # the same kernels as the generated step's
-        want = losses_of(plain, x, y, None)
-    got = losses_of(trainer, x, y, None)
+        want = losses_of(plain, x, y, w)
+    got = losses_of(trainer, x, y, w)
     np.testing.assert_allclose(got, want, rtol=1e-4)
 
     step = trainer.compiled_step()
-    assert_runs_the_plain_kernels(step, other, x, y, None)
+    assert_runs_the_plain_kernels(step, other, x, y, w)
     sim = simulate(step.graph, step.schedule)
     assert sim.valid
     assert sim.peak_memory_bytes <= step.predicted.budget_bytes

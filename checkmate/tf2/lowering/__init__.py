@@ -227,6 +227,23 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
                          fused_batch_norm=bool(fused_batch_norm), split_layers=split_layers)
 
 
+# A summary line names at most this many layers, then how many more there are.
+SPLIT_LINE_NAMES = 8
+
+
+def _layer_of(node: str) -> str:
+    """The layer a node of a layer's forward or backward belongs to (``dense_grad:params`` -> ``dense``)."""
+    name = node.split(":")[0]
+    return name[:-len("_grad")] if name.endswith("_grad") else name
+
+
+def _some(names: Sequence[str], what: str) -> str:
+    """``names`` joined, the first :data:`SPLIT_LINE_NAMES` of them and how many more there are."""
+    shown = ", ".join(names[:SPLIT_LINE_NAMES])
+    rest = len(names) - SPLIT_LINE_NAMES
+    return shown + (f" and {rest} more {what}(s)" if rest > 0 else "")
+
+
 def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_nodes: list[str],
                    groups: list, value_nodes: Sequence[str] = (), fine_nodes: Sequence[str] = (),
                    read_nodes: Sequence[str] = ()) -> tuple[str, ...]:
@@ -251,12 +268,13 @@ def _split_reasons(traced: TracedStep, composites: Mapping[str, int], split_node
         inside.setdefault(owner, []).append(name[len(owner) + 1:] if owner else name)
     activations = sorted({n.split(":")[0] for n in inside.pop("", [])})
     lines += [f"{owner}: {len(names)} layer node(s) inside it one node per op (finer choices and exact "
-              f"temporaries for the plan, the graph within {AUTO_OP_NODE_LIMIT} nodes): {', '.join(names)}"
+              f"temporaries for the plan, the graph within {AUTO_OP_NODE_LIMIT} nodes): "
+              f"{_some(sorted(dict.fromkeys(_layer_of(n) for n in names)), 'layer')}"
               for owner, names in sorted(inside.items())]
     if activations:
         lines.append(f"{len(activations)} layer node(s) with a non-linear activation split at it (the "
                      f"activation's values recomputable without the layer's matmul or convolution): "
-                     f"{', '.join(activations)}")
+                     f"{_some(activations, 'layer node')}")
     lines += [f"{name}: one node per op (a step output through small tensors that holds a large one, which "
               "would stay resident to the end of the step)" for name in value_nodes]
     lines += [f"{name}: one node per chain of ops (it reads at least {WORKING_SET_SPLIT_FRACTION:.0%} of the "
