@@ -628,7 +628,12 @@ class StepTrainer(keras.Model):
         if self._several_outputs():
             # each output's loss in the training logs, as Keras reports it ("<output>_loss"); the first
             # call builds those means, as Keras' own train step does in its first trace
-            _compat.update_output_losses(self, y, pred, sample_weight)
+            if _compat.own_compute_loss(self.inner) is not None:
+                # the model's own compute_loss makes each output's targets from the labels (a
+                # detector's boxes and classes): it updates those means, as in Keras' train step
+                self.compute_loss(x, y, pred, sample_weight, training=True)
+            else:
+                _compat.update_output_losses(self, y, pred, sample_weight)
         if not metrics:
             return self.get_metrics_result()
         return self.compute_metrics(x, y, pred, sample_weight=sample_weight)

@@ -268,3 +268,41 @@ def test_a_model_that_overrides_compute_loss_trains_and_evaluates_with_that_loss
     reference.compile(**compile_kwargs())
     np.testing.assert_allclose(trainer.evaluate(x, y, batch_size=BATCH, verbose=0),
                                reference.evaluate(x, y, batch_size=BATCH, verbose=0), rtol=1e-5)
+
+
+class DetectorLoss(keras.Model):
+    """Two outputs whose targets the model's own ``compute_loss`` makes from raw labels of another
+    structure (as KerasHub's RetinaNet encodes boxes and classes): Keras' per-output losses are of
+    those targets."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        targets = {"kind": y["classes"], "where": y["boxes"] * 0.5}
+        return super().compute_loss(x, targets, y_pred, None, training=training)
+
+
+def detector_model(seed: int = 0) -> keras.Model:
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input((8,), name="features")
+    h = keras.layers.Dense(16, activation="relu", name="hidden")(inputs)
+    outputs = {"kind": keras.layers.Dense(3, name="kind")(h), "where": keras.layers.Dense(4, name="where")(h)}
+    return DetectorLoss(inputs, outputs, name="detector")
+
+
+def test_an_own_compute_loss_of_several_outputs_reports_each_output_loss_as_keras():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3 * BATCH, 8)).astype("float32")
+    y = {"classes": rng.integers(0, 3, (3 * BATCH,)).astype("int32"),
+         "boxes": rng.standard_normal((3 * BATCH, 4)).astype("float32")}
+    compile_kwargs = lambda: dict(optimizer=keras.optimizers.SGD(0.1),
+                                  loss={"kind": keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                        "where": "mse"})
+    model, other = detector_model(), detector_model()
+    other.set_weights(model.get_weights())
+    model.compile(**compile_kwargs(), jit_compile=False)
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    trainer.compile(**compile_kwargs())
+    want = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    got = trainer.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history
+    assert {"loss", "kind_loss", "where_loss"} <= set(want) and set(want) <= set(got)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
