@@ -118,7 +118,7 @@ def assert_runs_the_plain_kernels(step, model, x, y, w):
         return t[:BATCH]
 
     xb = tf.nest.map_structure(first, x)
-    yb = (first(y), np.ones((BATCH,), "float32") if w is None else first(w))
+    yb = (tf.nest.map_structure(first, y), np.ones((BATCH,), "float32") if w is None else first(w))
     state = list(model.non_trainable_variables)
     start = [v.numpy() for v in state]
     results, after = [], []
