@@ -246,7 +246,8 @@ class RematModel(StepTrainer):
     def _compile_step(self, x: Any, y: Any, batch: int, sample_weight: Any = None) -> "CompiledStep":
         from checkmate.tf2.step import compile as compile_step
 
-        if getattr(self, "optimizer", None) is None or self.loss is None:
+        if getattr(self, "optimizer", None) is None or (self.loss is None and _compat.own_compute_loss(self.inner) is None):
+            # (a model's own compute_loss may need no compiled loss, as in Keras)
             raise InvalidArgumentError("compile the RematModel with an optimizer and a loss before fit()")
         input_spec = tf.nest.map_structure(lambda t: _spec(t, batch), x)
         label_spec = (tf.nest.map_structure(lambda t: _spec(t, batch), y), losses.weight_spec(sample_weight, batch))

@@ -86,7 +86,9 @@ def step_loss(trainer: Any) -> Callable:
     # fit() builds Keras' compiled loss (its structure, a loss tracker per output) symbolically before
     # the first step is traced
     compiled = _compat.keras_compiled_loss(trainer)
-    if compiled is None:
+    inner = getattr(trainer, "inner", None)
+    own = inner is not None and _compat.own_compute_loss(inner) is not None
+    if compiled is None and not own:    # a model's own compute_loss may need no compiled loss
         raise InvalidArgumentError("compile the RematModel with a loss before fit()")
 
     def weights(target: Any) -> tuple:
@@ -95,8 +97,7 @@ def step_loss(trainer: Any) -> Callable:
             weight = row_weights_as(weight, y)
         return y, weight
 
-    inner = getattr(trainer, "inner", None)
-    if inner is not None and _compat.own_compute_loss(inner) is not None:
+    if own:
         # the wrapped model's own compute_loss (through the trainer's), which may read the inputs: the
         # lowering calls it with them (``takes_inputs``) and adds no model losses of its own
         def own_loss(target: Any, pred: Any, x: Any) -> tf.Tensor:

@@ -306,3 +306,23 @@ def test_an_own_compute_loss_of_several_outputs_reports_each_output_loss_as_kera
     assert {"loss", "kind_loss", "where_loss"} <= set(want) and set(want) <= set(got)
     for key in want:
         np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+
+
+class OwnLossOnly(keras.Model):
+    """A loss of the model's own that needs no compiled loss (compiled with an optimizer only)."""
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        return keras.ops.mean(keras.ops.square(y_pred - y)) + 0.1 * keras.ops.mean(keras.ops.abs(x))
+
+
+def test_an_own_compute_loss_trains_without_a_compiled_loss():
+    def build():
+        keras.utils.set_random_seed(0)
+        inputs = keras.Input((8,))
+        return OwnLossOnly(inputs, keras.layers.Dense(3)(keras.layers.Dense(16, activation="relu")(inputs)))
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3 * BATCH, 8)).astype("float32")
+    y = rng.standard_normal((3 * BATCH, 3)).astype("float32")
+    want, got, _ = fit_both(build, lambda: dict(optimizer=keras.optimizers.SGD(0.1)), x=x, y=y, batch_size=BATCH)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
