@@ -42,7 +42,8 @@ KerasHub's Swin Transformer, CSPNet (CSP-DarkNet), MiT and Xception classifiers,
 top 2), SmolLM3 and RWKV-7 causal LMs; Qwen3.5 (gated delta-rule linear attention), Gemma4 (text only,
 position ids), Qwen-MoE (4 experts, top 2, a shared expert), Qwen2 and Llama3 causal LMs, the FNet
 classifier (token and segment ids), the ESM protein classifier (token ids only), KerasHub's HGNetV2
-classifier and the SegFormer segmenter (one-hot labels per pixel, the task's own loss).
+classifier and the SegFormer segmenter (one-hot labels per pixel, the task's own loss); KerasHub's
+RetinaNet detector and BASNet segmenter (each with a ``compute_loss`` of its own).
 """
 
 from __future__ import annotations
@@ -371,6 +372,36 @@ def segformer():
     return hub.models.SegFormerImageSegmenter(backbone=backbone, num_classes=SEGMENT_CLASSES, preprocessor=None)
 
 
+def retinanet():
+    """KerasHub's RetinaNet detector on a small ResNet (four stages of one basic block, levels 3-5): its
+    own ``compute_loss`` turns boxes and classes into its two heads' targets."""
+    hub = _hub()
+    encoder = hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], stackwise_num_filters=[64, 64, 128, 128],
+        stackwise_num_blocks=[1, 1, 1, 1], stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block",
+        use_pre_activation=False, image_shape=(None, None, 3))
+    backbone = hub.models.RetinaNetBackbone(image_encoder=encoder, min_level=3, max_level=5, use_p5=False,
+                                            image_shape=(IMAGE, IMAGE, 3))
+    return hub.models.RetinaNetObjectDetector(backbone=backbone, num_classes=SEGMENT_CLASSES,
+                                              bounding_box_format="yxyx", preprocessor=None)
+
+
+def basnet():
+    """KerasHub's BASNet salient-object segmenter on the same small ResNet (32x32 images: a step of its
+    refinement module at 64x64 takes seconds on a CPU); its own ``compute_loss`` runs the backbone again
+    and sums the loss of every prediction head."""
+    hub = _hub()
+    encoder = hub.models.ResNetBackbone(
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], stackwise_num_filters=[64, 64, 128, 128],
+        stackwise_num_blocks=[1, 1, 1, 1], stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block",
+        use_pre_activation=False, image_shape=(None, None, 3))
+    backbone = hub.models.BASNetBackbone(image_encoder=encoder, num_classes=1, image_shape=(32, 32, 3))
+    return hub.models.BASNetImageSegmenter(backbone=backbone, preprocessor=None)
+
+
+basnet.image_size = 32
+
+
 # keras.applications models that refuse inputs below a size of their own (InceptionV3 and
 # InceptionResNetV2: 75, Xception: 71)
 IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75, "InceptionResNetV2": 75}
@@ -455,15 +486,19 @@ EXTRA_MODELS = {
     "esm": (esm, "tokens"),
     "hubhgnetv2": (hub_hgnetv2, "image"),
     "segformer": (segformer, "segmentation"),
+    "retinanet": (retinanet, "detection"),
+    "basnet": (basnet, "saliency"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
 HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet", "hubvgg", "hubswin", "hubcspnet", "hubmit",
-                   "hubxception", "hubhgnetv2", "segformer"}
+                   "hubxception", "hubhgnetv2", "segformer", "retinanet", "basnet"}
 TRANSFORMERS = {"lm", "lm_positions", "bert", "distilbert", "seq2seq", "segments", "tokens"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
 # KerasHub's small VGG: 71.2% of its activations at the least
 BUDGETS = {"inceptionv3": "70% activations", "xception": "70% activations", "hubvgg": "80% activations",
+           # weights and gradients outweigh the activations: 73.1% and 67.0% of them the least found
+           "retinanet": "80% activations", "basnet": "75% activations",
            # RWKV-7's smallest budget found: 59.5% of checkpoint-all (docs/design.md, running sums)
            "rwkv7": "70%"}
 
@@ -507,6 +542,16 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
     if kind == "segmentation":  # images and one-hot labels per pixel
         images = rng.standard_normal((n, image, image, 3)).astype("float32")
         return images, np.eye(SEGMENT_CLASSES, dtype="float32")[rng.integers(0, SEGMENT_CLASSES, (n, image, image))]
+    if kind == "detection":     # images, and boxes (yxyx pixels) with their classes, -1 past each image's 2
+        corner = rng.uniform(0, image / 4, (n, 4, 2))
+        size = rng.uniform(image * 7 / 16, image * 3 / 4, (n, 4, 2))
+        classes = rng.integers(0, SEGMENT_CLASSES, (n, 4)).astype("float32")
+        classes[:, 2:] = -1
+        return (rng.standard_normal((n, image, image, 3)).astype("float32"),
+                {"boxes": np.concatenate([corner, corner + size], -1).astype("float32"), "labels": classes})
+    if kind == "saliency":      # images and a binary mask per pixel
+        return (rng.standard_normal((n, image, image, 3)).astype("float32"),
+                (rng.random((n, image, image, 1)) > 0.5).astype("float32"))
     if kind == "distilbert":    # no segment ids
         ids = rng.integers(1, VOCAB, (n, SEQUENCE)).astype("int32")
         return {"token_ids": ids, "padding_mask": np.ones_like(ids)}, rng.integers(0, 4, (n,)).astype("int32")
