@@ -183,3 +183,56 @@ def test_a_large_workspace_node_is_split_into_at_most_split_max_parts_runs_in_cr
     monkeypatch.setattr(grouping, "SPLIT_MAX_PARTS", 10 ** 6)
     # one part per chain of the unrolled recurrence's backward node: 840 nodes
     assert lowered().graph.n > grouping.AUTO_OP_NODE_LIMIT + 100
+
+
+class MapRows(keras.layers.Layer):
+    """``keras.ops.map`` over the batch (KerasHub's D-FINE query generator): TF runs it as a ``While``
+    loop of static trip count that carries TensorLists, and adds accumulators to it for the gradient."""
+
+    def call(self, x):
+        return keras.ops.map(lambda row: tf.tanh(row) * 2.0, x)
+
+
+def map_model(width=WIDTH):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((STEPS, width))
+    h = keras.layers.Dense(width, activation="relu", name="pre")(inp)
+    h = MapRows(name="rows")(h)
+    h = keras.layers.Dense(width, activation="relu", name="post")(h)
+    return keras.Model(inp, keras.layers.Dense(3, name="logits")(keras.layers.GlobalAveragePooling1D()(h)))
+
+
+def test_the_lists_a_loop_carries_are_sized_at_their_capacity():
+    lg = lower(map_model(), XENT, *specs(), level="op")
+    fg = lg.function.graph
+    loops = [op for op in fg.get_operations() if op.type in ("While", "StatelessWhile")]
+    assert len(loops) == 2                           # the map and its gradient
+    row = STEPS * WIDTH * 4
+    for op in loops:
+        for t in op.outputs:
+            if t.dtype == tf.variant:
+                # every list leaves the loop at most full: slots (the batch) times an item's bytes
+                size = tensor_list_bytes(t)
+                assert size is not None and size <= BATCH * row, (t.name, size)
+    # the map's results: one row per slot
+    stacked = [op for op in fg.get_operations() if op.type == "TensorListStack"
+               and op.inputs[0].op in loops and op.name in lg.op_node]
+    assert stacked and all(tensor_list_bytes(op.inputs[0]) == BATCH * row for op in stacked)
+    # each loop is one node holding its lists
+    for op in loops:
+        assert lg.graph.mem[lg.op_node[op.name]] >= BATCH * row
+
+
+def test_remat_model_trains_a_model_that_maps_over_the_batch_as_keras_fit_does():
+    reference, model = map_model(width=32), map_model(width=32)
+    for m in (reference, model):
+        m.compile(keras.optimizers.Adam(1e-2), XENT)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3 * BATCH, STEPS, 32)).astype("float32")
+    y = rng.integers(0, 3, (3 * BATCH,))
+    trainer = checkmate.tf2.RematModel(model, budget="90% activations")
+    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(expected, rel=1e-5)
+    step = trainer.compiled_step()
+    assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes

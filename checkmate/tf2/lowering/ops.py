@@ -33,10 +33,11 @@ other than reads of unassigned variables), or is an opaque call/loop; a node hol
 
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
 non-recomputable node, with a warning (its internal memory is not modelled). A TensorList built
-outside a loop (a ``tf.TensorArray`` written in a Python loop) is sized by the items it holds
-(:func:`tensor_list_bytes`). Tensors that cannot be sized (other variant tensors such as the
-TensorLists of a ``While`` loop, unknown shapes, strings) raise
-:class:`~checkmate.errors.UnsupportedOpError` naming the op.
+outside a loop (a ``tf.TensorArray`` written in a Python loop) is sized by the items it holds, a
+list a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map`` and their gradient's accumulators) at
+its capacity where its slots and item shape are static (:func:`tensor_list_bytes`). Tensors that
+cannot be sized (other variant tensors, such as the lists of a loop with no static bound, unknown
+shapes, strings) raise :class:`~checkmate.errors.UnsupportedOpError` naming the op.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from checkmate.errors import UnsupportedOpError
@@ -255,28 +257,44 @@ _LIST_FROM_TENSOR_TYPES = frozenset({"TensorListFromTensor", "TensorListSplit", 
                                      "TensorListScatterV2"})
 _LIST_GROWING_TYPES = frozenset({"TensorListSetItem", "TensorListPushBack", "TensorListScatterIntoExistingList"})
 _LIST_KEEPING_TYPES = frozenset({"TensorListPopBack", "TensorListResize", "Identity", "IdentityN", "StopGradient",
-                                 "Snapshot"})
+                                 "Snapshot", "ZerosLike"})
 _LIST_EMPTY_TYPES = frozenset({"TensorListReserve", "EmptyTensorList"})
+_LOOP_TYPES = frozenset({"While", "StatelessWhile"})
 
 
 def tensor_list_bytes(t, memo: dict | None = None) -> int | None:
     """The bytes a TensorList (a variant tensor) holds, from the ops that built it; None for any other
-    variant, or a list built by an op not listed here (a loop's accumulator).
+    variant, or a list whose size does not follow from them.
 
     A list made from a tensor holds that tensor's bytes; a reserved or empty list none. Setting or
     pushing an item adds the item's bytes, at most the list's capacity (its slots times the item's
     bytes, where the slots are a constant), so that a backward pass that overwrites the slots of a
-    full list with zeros does not grow it; popping and resizing are counted as keeping the bytes (an
-    upper bound). The elements are references to the items, which the memory model frees at their
-    last use: the list's bytes keep them counted while it lives."""
+    full list with zeros does not grow it; popping, resizing and zeroing are counted as keeping the
+    bytes (an upper bound). A list that a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map``, the
+    accumulators TF adds to a loop for its gradient) leaves the loop at most full: its capacity, where
+    the list it entered with has a constant number of slots (a reserved list, or an empty one with a
+    maximum, as a loop of static trip count has) and items of a static shape. The elements are
+    references to the items, which the memory model frees at their last use: the list's bytes keep
+    them counted while it lives."""
     memo = {} if memo is None else memo
     found = _tensor_list_size(t, memo)
     return None if found is None else int(found[0])
 
 
+def _static_item_bytes(op) -> int | None:
+    """Bytes of one item of the list a ``TensorListReserve`` or ``EmptyTensorList`` op makes, when its
+    element shape is static (None otherwise)."""
+    shape = tf.get_static_value(op.inputs[0])
+    # a scalar -1 is an unknown rank, a -1 in a vector an unknown dimension
+    if shape is None or np.ndim(shape) != 1 or any(int(d) < 0 for d in shape):
+        return None
+    return int(np.prod(shape, dtype=np.int64)) * tf.as_dtype(op.get_attr("element_dtype")).size
+
+
 def _tensor_list_size(t, memo: dict):
-    """``(bytes, slots or None)`` of the TensorList ``t`` (see :func:`tensor_list_bytes`), or None. The
-    lists of a step are sized in the order of its ops, so that the memo holds a list's input already."""
+    """``(bytes, slots or None, item bytes or None)`` of the TensorList ``t`` (see
+    :func:`tensor_list_bytes`), or None. The lists of a step are sized in the order of its ops, so that
+    the memo holds a list's input already."""
     if t.dtype != tf.variant:
         return None
     if t.name in memo:
@@ -285,12 +303,19 @@ def _tensor_list_size(t, memo: dict):
     kind = op.type
     found = None
     if kind in _LIST_EMPTY_TYPES:
-        slots = tf.get_static_value(op.inputs[1]) if kind == "TensorListReserve" and len(op.inputs) > 1 else None
-        found = (0, int(slots) if slots is not None and int(slots) >= 0 else None)
+        slots = tf.get_static_value(op.inputs[1]) if len(op.inputs) > 1 else None
+        found = (0, int(slots) if slots is not None and int(slots) >= 0 else None, _static_item_bytes(op))
     elif kind in _LIST_FROM_TENSOR_TYPES:
         size = tensor_bytes(op.inputs[0])
         rows = op.inputs[0].shape[0] if op.inputs[0].shape.rank else None
-        found = None if size is None else (size, int(rows) if kind == "TensorListFromTensor" and rows else None)
+        whole = kind == "TensorListFromTensor" and rows
+        found = None if size is None else (size, int(rows) if whole else None, size // int(rows) if whole else None)
+    elif kind in _LOOP_TYPES:
+        # loop variable k leaves the loop as output k: at most its entering list's capacity
+        inner = _tensor_list_size(op.inputs[t.value_index], memo) if t.value_index < len(op.inputs) else None
+        if inner is not None:
+            size, slots, item = inner
+            found = (max(size, slots * item), slots, item) if slots is not None and item is not None else None
     elif kind in _LIST_GROWING_TYPES or kind in _LIST_KEEPING_TYPES:
         index = t.value_index if kind == "IdentityN" else 0
         inner = _tensor_list_size(op.inputs[index], memo) if op.inputs else None
@@ -300,11 +325,13 @@ def _tensor_list_size(t, memo: dict):
             if item is None:
                 inner = None
             else:
-                size, slots = inner
+                size, slots, each = inner
                 grown = size + item
                 if kind == "TensorListSetItem" and slots is not None:
                     grown = min(grown, slots * item)
-                inner = (grown, slots)
+                if each is None and kind != "TensorListScatterIntoExistingList":
+                    each = item     # an item set or pushed: the list's items have its size
+                inner = (grown, slots, each)
         found = inner
     memo[t.name] = found
     return found
