@@ -21,7 +21,7 @@ from checkmate.simulate import ReadIndex, simulate
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
+__all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes", "peak_floor",
            "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
            "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS", "INTEGER_BOUND_TIME_S",
            "INTEGER_BOUND_MAX_NONZEROS"]
@@ -71,6 +71,41 @@ def largest_working_set_bytes(graph: "Graph") -> int:
     for k, deps in enumerate(graph.deps):
         need[k] += int(graph.mem[list(deps)].sum()) if deps else 0
     return int(graph.fixed_mem) + int(need.max(initial=0))
+
+
+
+def peak_floor(graph: "Graph") -> tuple[int, int]:
+    """``(bytes, node)``: no schedule of the graph (in its node order) peaks below ``bytes``.
+
+    When node ``t`` first runs, its output, its inputs, the outputs computed before it and every value
+    computed before it that a later node reads and that cannot be computed again (not recomputable)
+    are resident, with the fixed bytes; ``node`` is the ``t`` where that is largest. Below this,
+    :func:`cost_lower_bound` finds no schedule (the same moments, none of whose values may be
+    dropped); at least :func:`largest_working_set_bytes`."""
+    n = graph.n
+    if n == 0:
+        return int(graph.fixed_mem), -1
+    mem = graph.mem.astype(np.int64)
+    output = np.asarray(graph.output, dtype=bool)
+    last_reader = np.array([max(users) if users else -1 for users in graph.users], dtype=np.int64)
+    # outputs computed before t (an input of t that is an output counts there once)
+    outputs_before = np.concatenate([[0], np.cumsum(np.where(output, mem, 0))])[:n]
+    # non-recomputable values held across t: v < t < last_reader[v], not outputs
+    kept = np.flatnonzero(~np.asarray(graph.recomputable, dtype=bool) & ~output & (last_reader > np.arange(n) + 1))
+    delta = np.zeros(n + 1, dtype=np.int64)
+    np.add.at(delta, kept + 1, mem[kept])
+    np.add.at(delta, last_reader[kept], -mem[kept])
+    held = np.cumsum(delta)[:n]
+    need = int(graph.fixed_mem) + mem + outputs_before + held
+    is_kept = np.zeros(n, dtype=bool)
+    is_kept[kept] = True
+    for t, deps in enumerate(graph.deps):
+        for d in deps:
+            # an input is resident as an input, counted once: not again as an output or a held value
+            if not output[d] and not (is_kept[d] and t < last_reader[d]):
+                need[t] += int(mem[d])
+    t = int(np.argmax(need))
+    return int(need[t]), t
 
 
 # ------------------------------------------------------------------------------------------ holds

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cases import SMALL_CASES, random_dags
 from checkmate import synthetic
@@ -54,3 +55,30 @@ def test_cost_lower_bound_below_the_milp_optimum_and_tight_at_the_checkpoint_all
             except InfeasibleBudgetError:
                 continue
             assert cost_lower_bound(graph, budget) <= exact.compute_cost + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(random_dags(max_nodes=5), st.lists(st.booleans(), min_size=5, max_size=5))
+def test_no_schedule_peaks_below_the_floor(graph, recomputable):
+    """peak_floor is a lower bound on every schedule's peak (brute force over the stage model, with
+    some values that cannot be recomputed), and it is where cost_lower_bound starts to find one."""
+    import math
+    from dataclasses import replace
+
+    from cases import brute_force_optimum
+    from checkmate.bounds import cost_lower_bound, largest_working_set_bytes, peak_floor
+    from checkmate.graph import Graph
+
+    nodes = [replace(nd, recomputable=flag) for nd, flag in zip(graph.nodes, recomputable)]
+    g = Graph(nodes, graph.edges, name=graph.name, fixed_mem=graph.fixed_mem)
+    floor, node = peak_floor(g)
+    assert 0 <= node < g.n
+    assert floor >= largest_working_set_bytes(g)
+    assert brute_force_optimum(g, floor - 1) is None
+    assert cost_lower_bound(g, floor - 1) == math.inf
+    assert cost_lower_bound(g, floor) < math.inf
+    # checkpoint-all is a schedule: the floor never lies above its peak
+    assert floor <= checkpoint_all_peak(g)
+    if not any(recomputable[:g.n]):
+        # nothing can be computed again: checkpoint-all is the only schedule, and the floor its peak
+        assert floor == checkpoint_all_peak(g)

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING
 from checkmate._deadline import deadline_scope, no_deadline, seconds_left
 from checkmate.bounds import INTEGER_BOUND_TIME_S, cost_lower_bound
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError, TimeLimitError
-from checkmate.bounds import checkpoint_all_schedule, largest_working_set_bytes
+from checkmate.bounds import checkpoint_all_schedule, largest_working_set_bytes, peak_floor
 from checkmate.simulate import simulate
 from checkmate.solvers.candidates import Candidate, evaluate
 from checkmate.solvers.registry import STRATEGIES
@@ -483,9 +483,12 @@ def auto(graph: "Graph", budget_bytes: int, options: "SolveOptions") -> "Strateg
                              f"({', '.join(timed_out)} ran out of time){known}; raise the time limit")
     if not results:
         minimum = min(minimums) if minimums else None
+        floor = peak_floor(graph)[0]
         raise InfeasibleBudgetError(
             f"auto: no schedule fits in {budget_bytes} bytes"
-            + (f"; the minimum feasible budget found is {minimum} bytes" if minimum is not None else ""),
+            + (f"; the minimum feasible budget found is {minimum} bytes" if minimum is not None else "")
+            + ("; it is the least any schedule needs" if minimum is not None and floor >= minimum
+               else f"; none fits in less than {floor} bytes"),
             budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy="auto")
     cost, name, out = min(results, key=lambda r: (r[0], r[1] != main))
     # the memory at each node's first run forces a least recomputation (it includes every node once)

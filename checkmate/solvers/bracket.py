@@ -2,8 +2,8 @@
 
 Strategies report it when a budget is infeasible (:func:`infeasible_error`, carried by
 :class:`~checkmate.errors.InfeasibleBudgetError`). The bracket is narrowed by bisection between
-``max_k (mem[k] + inputs of k) + fixed`` and the lowest baseline peak, each probe a short
-feasibility solve of :func:`~checkmate.solvers.staged.solve_staged`. The budget it names always has
+the least any schedule needs (:func:`~checkmate.bounds.peak_floor`) and the lowest baseline peak,
+each probe a short feasibility solve of :func:`~checkmate.solvers.staged.solve_staged`. The budget it names always has
 a replayed schedule, so it is always feasible; the message says whether it is proven minimal or only
 how far the proven lower end lies below it.
 """
@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from checkmate.bounds import largest_working_set_bytes
+from checkmate.bounds import largest_working_set_bytes, peak_floor
 from checkmate.errors import CheckmateError, InfeasibleBudgetError, SolverError
 from checkmate.schedule import Schedule
 from checkmate.solvers.candidates import Candidate, baseline_candidates
@@ -45,7 +45,8 @@ def bracket_minimum_budget(graph: "Graph", options: SolveOptions, *, time_limit_
                            candidates: list[Candidate] | None = None) -> MinimumBudget:
     """Bracket the smallest budget at which a schedule exists, within ``time_limit_s``.
 
-    The bracket starts at ``[max_k (mem[k] + inputs of k) + fixed, lowest-peak baseline]`` and is
+    The bracket starts at ``[peak_floor, lowest-peak baseline]`` (the floor at least
+    ``max_k (mem[k] + inputs of k) + fixed``) and is
     narrowed by bisection, each probe a time-limited feasibility solve of the MILP (LP relaxation,
     rounding, then branch and bound stopping at the first schedule): a schedule found lowers the top
     to its replayed peak; a proof of infeasibility (LP or MILP) raises the bottom; a probe that times
@@ -54,7 +55,7 @@ def bracket_minimum_budget(graph: "Graph", options: SolveOptions, *, time_limit_
     """
     limit = MIN_BUDGET_TIME_S if time_limit_s is None else float(time_limit_s)
     deadline = time.perf_counter() + limit
-    lower = largest_working_set_bytes(graph)
+    lower = max(largest_working_set_bytes(graph), peak_floor(graph)[0])
     pool = list(candidates or []) + baseline_candidates(graph, 2**62, options)
     best = min(pool, key=lambda c: (c.peak_bytes, c.cost))
     floor = lower      # probes below this are pointless: proven infeasible or already timed out

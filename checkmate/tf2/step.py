@@ -554,6 +554,21 @@ def _minimum_note(strategy: str) -> str:
     return ""
 
 
+def _floor_note(graph: Any, planned_minimum: int, strategy: str) -> str:
+    """What is known of the minimum from below (:func:`checkmate.bounds.peak_floor`): that it is the
+    least any schedule needs, or the least below which none fits; with, for a solving strategy whose
+    minimum is above that, :func:`_minimum_note`."""
+    from checkmate.bounds import peak_floor
+
+    floor, node = peak_floor(graph)
+    where = (f"when {graph.names[node]} first runs, it, its inputs, the outputs so far and the values that "
+             "cannot be recomputed are resident")
+    if floor >= planned_minimum:
+        return f"; no schedule fits in less ({where})"
+    return (f"{_minimum_note(strategy)}; none fits in less than {_share_that_fits(floor, graph)} of "
+            f"checkpoint-all's peak ({where})")
+
+
 def _measurable(lowered: LoweredGraph, device: str | None) -> str | None:
     """The device on which a compiled step's peak can be checked by running it, or None: steps under a
     ``tf.distribute`` strategy and TF's default CPU allocator (which does not count allocations under
@@ -767,7 +782,8 @@ def _compile_plan(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, 
                 f"({budget_bytes} bytes{describe_fraction(budget_bytes, lowered.graph, budget)}{headroom_note}); "
                 f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes)"
                 f"{_activation_share(planned_minimum, lowered.graph, budget)}, or "
-                f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak{_minimum_note(strategy)}",
+                f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak"
+                f"{_floor_note(lowered.graph, planned_minimum, strategy)}",
                 budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
         if result.schedule is None:
             raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
