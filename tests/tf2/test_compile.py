@@ -380,6 +380,29 @@ def test_infeasible_budget_for_the_milp_reports_the_minimum():
     assert info.value.min_feasible_budget_bytes > 2**20
 
 
+
+def test_an_infeasible_budget_says_when_no_schedule_can_fit():
+    """A small language model whose logits outweigh everything else: at the cross-entropy the logits
+    and their gradient are resident whatever is recomputed, so no schedule fits in half of
+    checkpoint-all's peak. The message says the minimum is the least any schedule needs, and where."""
+    keras.utils.set_random_seed(0)
+    vocab, seq, batch = 2000, 32, 8
+    inp = keras.Input((seq,), dtype="int32")
+    h = keras.layers.Embedding(vocab, 16, name="embed")(inp)
+    h = keras.layers.Dense(16, activation="gelu", name="mix")(h)
+    model = keras.Model(inp, keras.layers.Dense(vocab, name="logits")(h))
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    xs, ys = tf.TensorSpec((batch, seq), tf.int32), tf.TensorSpec((batch, seq), tf.int32)
+    with pytest.raises(InfeasibleBudgetError) as info:
+        checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys, budget="50%", time_limit_s=20)
+    message = str(info.value)
+    assert "no schedule fits in less (when " in message and " first runs" in message, message
+    # the minimum it names fits, and it is no more than the floor it states
+    step = checkmate.tf2.compile(model, loss, keras.optimizers.SGD(0.1), xs, ys,
+                                 budget=info.value.min_feasible_budget_bytes, time_limit_s=20)
+    from checkmate.bounds import peak_floor
+    assert step.predicted.peak_memory_bytes >= peak_floor(step.graph)[0]
+
 # ------------------------------------------------------------------------------------------ CLI
 def test_cli_compile_json(capsys):
     code = cli_main(["compile", "--model", "residual_cnn", "--batch-size", "16", "--input-shape", "32,32,3",
