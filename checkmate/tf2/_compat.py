@@ -130,6 +130,20 @@ def op_is_stateful(op: "tf.Operation") -> bool:
         return True
 
 
+
+def branch_graphs(op: "tf.Operation") -> list:
+    """The graphs of the branch functions of an ``If``/``StatelessIf`` op (``then_branch``,
+    ``else_branch``), or [] where they cannot be read. TF 2.21 private API: ``Graph._get_function``
+    returns the ``AtomicFunction`` registered under the attribute's function name, whose ``graph`` is
+    its FuncGraph."""
+    graphs = []
+    for attr in ("then_branch", "else_branch"):
+        try:
+            graphs.append(op.graph._get_function(op.get_attr(attr).name).graph)
+        except (AttributeError, KeyError, ValueError, TypeError):
+            return []
+    return graphs
+
 def sublayers(layer: object) -> list:
     """The layers ``layer`` holds directly (a model's layers, a composite layer's sublayers such as a
     transformer block's attention and dense layers). Keras 3 (3.0-3.15): ``Layer._flatten_layers``

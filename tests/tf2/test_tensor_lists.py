@@ -236,3 +236,49 @@ def test_remat_model_trains_a_model_that_maps_over_the_batch_as_keras_fit_does()
     assert got == pytest.approx(expected, rel=1e-5)
     step = trainer.compiled_step()
     assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes
+
+
+class Branch(keras.layers.Layer):
+    """A data-dependent ``keras.ops.cond`` whose branches differ, one mapping over the batch (D-FINE's
+    loss matches boxes so): differentiated, TF returns each branch's intermediates from the ``If`` op
+    as optionals, the map's lists among them."""
+
+    def call(self, x):
+        return keras.ops.cond(keras.ops.mean(x) > 0.0,
+                              lambda: keras.ops.tanh(x) * keras.ops.sigmoid(x),
+                              lambda: keras.ops.map(lambda row: keras.ops.sin(row) * row, x))
+
+
+def branch_model(width=WIDTH):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((STEPS, width))
+    h = keras.layers.Dense(width, name="pre")(inp)
+    h = Branch(name="branch")(h)
+    return keras.Model(inp, keras.layers.Dense(3, name="logits")(keras.layers.GlobalAveragePooling1D()(h)))
+
+
+def test_the_optionals_a_cond_returns_for_its_gradient_are_sized_and_train_as_keras_fit():
+    lg = lower(branch_model(), XENT, *specs(), level="op")
+    fg = lg.function.graph
+    branches = [op for op in fg.get_operations() if op.type in ("If", "StatelessIf") and op.name in lg.op_node]
+    optionals = [t for op in branches for t in op.outputs if t.dtype == tf.variant]
+    assert optionals
+    item = BATCH * STEPS * WIDTH * 4
+    for t in optionals:
+        size = tensor_list_bytes(t)
+        # an intermediate of either branch: at most a few activations' worth (the map's lists included)
+        assert size is not None and size <= 4 * item, (t.name, size)
+    assert max(tensor_list_bytes(t) for t in optionals) >= item // STEPS
+
+    reference, model = branch_model(width=32), branch_model(width=32)
+    for m in (reference, model):
+        m.compile(keras.optimizers.Adam(1e-2), XENT)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((4 * BATCH, STEPS, 32)).astype("float32")
+    x[BATCH:2 * BATCH] -= 3.0           # the second batch takes the other branch
+    y = rng.integers(0, 3, (4 * BATCH,))
+    # the cond is one node that cannot be recomputed, which holds the step near checkpoint-all's peak
+    trainer = checkmate.tf2.RematModel(model, budget="100%")
+    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(expected, rel=1e-5)

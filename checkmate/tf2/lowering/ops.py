@@ -35,7 +35,8 @@ Opaque constructs: a function call or loop op whose outputs have static shapes b
 non-recomputable node, with a warning (its internal memory is not modelled). A TensorList built
 outside a loop (a ``tf.TensorArray`` written in a Python loop) is sized by the items it holds, a
 list a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map`` and their gradient's accumulators) at
-its capacity where its slots and item shape are static (:func:`tensor_list_bytes`). Tensors that
+its capacity where its slots and item shape are static, and the optionals an ``If`` op returns for
+its gradient as the larger branch's (:func:`tensor_list_bytes`). Tensors that
 cannot be sized (other variant tensors, such as the lists of a loop with no static bound, unknown
 shapes, strings) raise :class:`~checkmate.errors.UnsupportedOpError` naming the op.
 """
@@ -260,6 +261,7 @@ _LIST_KEEPING_TYPES = frozenset({"TensorListPopBack", "TensorListResize", "Ident
                                  "Snapshot", "ZerosLike"})
 _LIST_EMPTY_TYPES = frozenset({"TensorListReserve", "EmptyTensorList"})
 _LOOP_TYPES = frozenset({"While", "StatelessWhile"})
+_BRANCH_TYPES = frozenset({"If", "StatelessIf"})
 
 
 def tensor_list_bytes(t, memo: dict | None = None) -> int | None:
@@ -275,7 +277,8 @@ def tensor_list_bytes(t, memo: dict | None = None) -> int | None:
     the list it entered with has a constant number of slots (a reserved list, or an empty one with a
     maximum, as a loop of static trip count has) and items of a static shape. The elements are
     references to the items, which the memory model frees at their last use: the list's bytes keep
-    them counted while it lives."""
+    them counted while it lives. An optional (a differentiated cond's intermediates) holds the bytes of
+    what it wraps, an ``If`` op's output the larger of its two branches' outputs."""
     memo = {} if memo is None else memo
     found = _tensor_list_size(t, memo)
     return None if found is None else int(found[0])
@@ -310,6 +313,19 @@ def _tensor_list_size(t, memo: dict):
         rows = op.inputs[0].shape[0] if op.inputs[0].shape.rank else None
         whole = kind == "TensorListFromTensor" and rows
         found = None if size is None else (size, int(rows) if whole else None, size // int(rows) if whole else None)
+    elif kind == "OptionalFromValue":
+        # an optional holding tensors (cond's gradient intermediates a branch produced): their bytes
+        sizes = [tensor_bytes(i) if i.dtype != tf.variant else (_tensor_list_size(i, memo) or (None,))[0]
+                 for i in op.inputs]
+        found = None if any(b is None for b in sizes) else (int(sum(sizes)), None, None)
+    elif kind == "OptionalNone":
+        found = (0, None, None)
+    elif kind in _BRANCH_TYPES:
+        # output k is output k of the branch that ran: the larger of the two
+        sizes = [_tensor_list_size(g.outputs[t.value_index], memo) if t.value_index < len(g.outputs) else None
+                 for g in _compat.branch_graphs(op)]
+        if sizes and all(b is not None for b in sizes):
+            found = (max(b[0] for b in sizes), None, None)
     elif kind in _LOOP_TYPES:
         # loop variable k leaves the loop as output k: at most its entering list's capacity
         inner = _tensor_list_size(op.inputs[t.value_index], memo) if t.value_index < len(op.inputs) else None
