@@ -402,6 +402,31 @@ def basnet():
 basnet.image_size = 32
 
 
+def d_fine():
+    """KerasHub's D-FINE detector, small (HGNetV2 of two stages, 10 queries, two decoder layers, 32x32):
+    its query generator maps over the batch (a ``While`` loop) and its own loss matches boxes inside
+    conds and loops."""
+    hub = _hub()
+    encoder = hub.models.HGNetV2Backbone(
+        stem_channels=[3, 16, 16], stackwise_stage_filters=[[16, 16, 32, 1, 1, 3], [32, 16, 64, 1, 1, 3]],
+        apply_downsample=[False, True], use_lightweight_conv_block=[False, False], depths=[1, 1],
+        hidden_sizes=[32, 64], embedding_size=16, use_learnable_affine_block=True, hidden_act="relu",
+        image_shape=(None, None, 3), out_features=["stage1", "stage2"], data_format="channels_last")
+    backbone = hub.models.DFineBackbone(
+        backbone=encoder, decoder_in_channels=[32, 32], encoder_hidden_dim=32, num_denoising=10,
+        num_labels=SEGMENT_CLASSES, hidden_dim=32, learn_initial_query=False, num_queries=10,
+        anchor_image_size=(32, 32), feat_strides=[4, 8], num_feature_levels=2, encoder_in_channels=[32, 64],
+        encode_proj_layers=[1], num_attention_heads=2, encoder_ffn_dim=64, num_encoder_layers=1,
+        hidden_expansion=0.5, depth_multiplier=0.5, eval_idx=-1, num_decoder_layers=2, decoder_attention_heads=2,
+        decoder_ffn_dim=64, decoder_method="default", decoder_n_points=[2, 2], lqe_hidden_dim=16, num_lqe_layers=1,
+        out_features=["stage1", "stage2"], image_shape=(32, 32, 3), data_format="channels_last", seed=0)
+    return hub.models.DFineObjectDetector(backbone=backbone, num_classes=SEGMENT_CLASSES, bounding_box_format="yxyx",
+                                          preprocessor=None)
+
+
+d_fine.image_size = 32
+
+
 # keras.applications models that refuse inputs below a size of their own (InceptionV3 and
 # InceptionResNetV2: 75, Xception: 71)
 IMAGE_SIZES = {"InceptionV3": 75, "Xception": 75, "InceptionResNetV2": 75}
@@ -488,10 +513,11 @@ EXTRA_MODELS = {
     "segformer": (segformer, "segmentation"),
     "retinanet": (retinanet, "detection"),
     "basnet": (basnet, "saliency"),
+    "dfine": (d_fine, "centred_boxes"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
 HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet", "hubvgg", "hubswin", "hubcspnet", "hubmit",
-                   "hubxception", "hubhgnetv2", "segformer", "retinanet", "basnet"}
+                   "hubxception", "hubhgnetv2", "segformer", "retinanet", "basnet", "dfine"}
 TRANSFORMERS = {"lm", "lm_positions", "bert", "distilbert", "seq2seq", "segments", "tokens"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
@@ -499,6 +525,8 @@ TRANSFORMERS = {"lm", "lm_positions", "bert", "distilbert", "seq2seq", "segments
 BUDGETS = {"inceptionv3": "70% activations", "xception": "70% activations", "hubvgg": "80% activations",
            # weights and gradients outweigh the activations: 73.1% and 67.0% of them the least found
            "retinanet": "80% activations", "basnet": "75% activations",
+           # a transformer detector: at half of checkpoint-all, as the language models
+           "dfine": "50%",
            # RWKV-7's smallest budget found: 59.5% of checkpoint-all (docs/design.md, running sums)
            "rwkv7": "70%"}
 
@@ -549,6 +577,12 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
         classes[:, 2:] = -1
         return (rng.standard_normal((n, image, image, 3)).astype("float32"),
                 {"boxes": np.concatenate([corner, corner + size], -1).astype("float32"), "labels": classes})
+    if kind == "centred_boxes":  # images in [0, 1], two boxes each (centre and size, fractions of the image)
+        centre = rng.uniform(0.3, 0.7, (n, 2, 2))
+        size = rng.uniform(0.1, 0.3, (n, 2, 2))
+        return (rng.uniform(0, 1, (n, image, image, 3)).astype("float32"),
+                {"boxes": np.concatenate([centre, size], -1).astype("float32"),
+                 "labels": rng.integers(0, SEGMENT_CLASSES, (n, 2)).astype("int32")})
     if kind == "saliency":      # images and a binary mask per pixel
         return (rng.standard_normal((n, image, image, 3)).astype("float32"),
                 (rng.random((n, image, image, 1)) > 0.5).astype("float32"))
