@@ -144,6 +144,15 @@ def branch_graphs(op: "tf.Operation") -> list:
             return []
     return graphs
 
+
+def loop_body_graph(op: "tf.Operation"):
+    """The graph of a ``While``/``StatelessWhile`` op's ``body`` function, or None where it cannot be
+    read (TF 2.21 private API, as :func:`branch_graphs`)."""
+    try:
+        return op.graph._get_function(op.get_attr("body").name).graph
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+
 def sublayers(layer: object) -> list:
     """The layers ``layer`` holds directly (a model's layers, a composite layer's sublayers such as a
     transformer block's attention and dense layers). Keras 3 (3.0-3.15): ``Layer._flatten_layers``

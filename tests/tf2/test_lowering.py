@@ -597,11 +597,24 @@ def test_several_opaque_calls_give_one_warning_and_one_note_each():
     assert len([m for m in lg.metadata["warnings"] if "opaque" in m]) == 2
 
 
-def test_loop_with_variant_tensors_is_an_error_naming_the_op():
-    inp = keras.Input((5, 3))
-    out = keras.layers.Dense(2)(keras.layers.LSTM(4, name="lstm")(inp))
-    with pytest.raises(UnsupportedOpError, match=r"lstm.*while.*loop|cannot size op .*lstm") as refused:
-        lower(keras.Model(inp, out), "mse", tf.TensorSpec((BATCH, 5, 3)), tf.TensorSpec((BATCH, 2)), level="op")
+class UntilLarge(keras.layers.Layer):
+    """A loop that stops on its data, with no bound on its trips: its gradient's accumulators have none."""
+
+    def call(self, x):
+        def more(i, h):
+            return tf.reduce_mean(tf.abs(h)) < 10.0
+
+        def step(i, h):
+            return i + 1, tf.tanh(h) * 1.5 + 0.5
+
+        return tf.while_loop(more, step, (tf.constant(0), x))[1]
+
+
+def test_loop_with_unbounded_lists_is_an_error_naming_the_op():
+    inp = keras.Input((3,))
+    out = keras.layers.Dense(2)(UntilLarge(name="until")(keras.layers.Dense(3)(inp)))
+    with pytest.raises(UnsupportedOpError, match=r"until.*while.*loop|cannot size op .*until") as refused:
+        lower(keras.Model(inp, out), "mse", tf.TensorSpec((BATCH, 3)), tf.TensorSpec((BATCH, 2)), level="op")
     assert "unroll=True" in str(refused.value)
 
 

@@ -282,3 +282,52 @@ def test_the_optionals_a_cond_returns_for_its_gradient_are_sized_and_train_as_ke
     expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
     got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
     assert got == pytest.approx(expected, rel=1e-5)
+
+
+def rnn_model(kind: str, units: int = 16, steps: int = 7):
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((steps,), dtype="int32")
+    h = keras.layers.Embedding(50, 8, name="embed")(inp)
+    h = getattr(keras.layers, kind)(units, return_sequences=True, name="first")(h)
+    h = getattr(keras.layers, kind)(units, name="second")(h)
+    return keras.Model(inp, keras.layers.Dense(3, name="logits")(h))
+
+
+def test_an_rnn_layers_loop_is_sized_by_what_each_trip_keeps():
+    """A Keras LSTM (not unrolled) runs a ``While`` loop that TF gives accumulators for its gradient: one
+    item a trip of each cell value, and of each kernel read (which shares the kernel's buffer: no
+    bytes); the gradient loop pops them all. The loop's lists are sized so."""
+    steps, units = 7, 16
+    lg = lower(rnn_model("LSTM", units, steps), XENT, tf.TensorSpec((BATCH, steps), tf.int32),
+               tf.TensorSpec((BATCH,), tf.int32), level="op")
+    fg = lg.function.graph
+    loops = [op for op in fg.get_operations() if op.type in ("While", "StatelessWhile")]
+    forward = [op for op in loops if "_grad" not in op.name]
+    backward = [op for op in loops if "_grad" in op.name]
+    assert len(forward) == 2 and len(backward) == 2
+    state = BATCH * units * 4
+    for op in forward:
+        sizes = [tensor_list_bytes(t) for t in op.outputs if t.dtype == tf.variant]
+        assert all(size is not None for size in sizes)
+        # the cell's values (gates, states), one a trip: multiples of steps * state; kernel reads add none
+        cell = [size for size in sizes if size and size % (steps * state) == 0]
+        assert len(cell) >= 4, sizes
+        assert sum(sizes) < 16 * steps * state, sizes
+    for op in backward:
+        # every accumulator it reads is popped to empty by the end
+        popped = [t for t in op.outputs if t.dtype == tf.variant and op.inputs[t.value_index].op in forward]
+        assert popped and all(tensor_list_bytes(t) == 0 for t in popped)
+
+
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_remat_model_trains_rnn_layers_as_keras_fit_does(kind):
+    reference, model = rnn_model(kind), rnn_model(kind)
+    for m in (reference, model):
+        m.compile(keras.optimizers.Adam(1e-2), XENT)
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 50, (3 * BATCH, 7)).astype("int32")
+    y = rng.integers(0, 3, (3 * BATCH,))
+    trainer = checkmate.tf2.RematModel(model, budget="100%")
+    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(expected, rel=1e-5)

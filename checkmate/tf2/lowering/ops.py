@@ -34,8 +34,8 @@ other than reads of unassigned variables), or is an opaque call/loop; a node hol
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
 non-recomputable node, with a warning (its internal memory is not modelled). A TensorList built
 outside a loop (a ``tf.TensorArray`` written in a Python loop) is sized by the items it holds, a
-list a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map`` and their gradient's accumulators) at
-its capacity where its slots and item shape are static, and the optionals an ``If`` op returns for
+list a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map``, a Keras RNN layer's loop and their
+gradient's accumulators) by what each trip of the loop body does to it, and the optionals an ``If`` op returns for
 its gradient as the larger branch's (:func:`tensor_list_bytes`). Tensors that
 cannot be sized (other variant tensors, such as the lists of a loop with no static bound, unknown
 shapes, strings) raise :class:`~checkmate.errors.UnsupportedOpError` naming the op.
@@ -231,6 +231,8 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
                 size = _kernel_scratch_bytes(t)
             if size is None:
                 size = tensor_list_bytes(t, list_sizes)
+            if size is None and t.dtype == tf.resource and op.type in _LOOP_TYPES:
+                size = 0    # a variable's handle the loop passes on: its bytes are the parameters'
             if size is None:
                 kind = "an opaque function call or loop whose " if opaque else ""
                 raise UnsupportedOpError(
@@ -272,9 +274,10 @@ def tensor_list_bytes(t, memo: dict | None = None) -> int | None:
     pushing an item adds the item's bytes, at most the list's capacity (its slots times the item's
     bytes, where the slots are a constant), so that a backward pass that overwrites the slots of a
     full list with zeros does not grow it; popping, resizing and zeroing are counted as keeping the
-    bytes (an upper bound). A list that a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map``, the
-    accumulators TF adds to a loop for its gradient) leaves the loop at most full: its capacity, where
-    the list it entered with has a constant number of slots (a reserved list, or an empty one with a
+    bytes (an upper bound). A list that a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map``, a
+    Keras RNN layer's loop, the accumulators TF adds to a loop for its gradient) leaves the loop as each
+    trip of its body changes it (:func:`_loop_exit_size`), else at most full: its capacity, where the
+    list it entered with has a constant number of slots (a reserved list, or an empty one with a
     maximum, as a loop of static trip count has) and items of a static shape. The elements are
     references to the items, which the memory model frees at their last use: the list's bytes keep
     them counted while it lives. An optional (a differentiated cond's intermediates) holds the bytes of
@@ -306,7 +309,7 @@ def _tensor_list_size(t, memo: dict):
     kind = op.type
     found = None
     if kind in _LIST_EMPTY_TYPES:
-        slots = tf.get_static_value(op.inputs[1]) if len(op.inputs) > 1 else None
+        slots = _static_value(op.inputs[1]) if len(op.inputs) > 1 else None
         found = (0, int(slots) if slots is not None and int(slots) >= 0 else None, _static_item_bytes(op))
     elif kind in _LIST_FROM_TENSOR_TYPES:
         size = tensor_bytes(op.inputs[0])
@@ -327,11 +330,10 @@ def _tensor_list_size(t, memo: dict):
         if sizes and all(b is not None for b in sizes):
             found = (max(b[0] for b in sizes), None, None)
     elif kind in _LOOP_TYPES:
-        # loop variable k leaves the loop as output k: at most its entering list's capacity
+        # loop variable k leaves the loop as output k
         inner = _tensor_list_size(op.inputs[t.value_index], memo) if t.value_index < len(op.inputs) else None
         if inner is not None:
-            size, slots, item = inner
-            found = (max(size, slots * item), slots, item) if slots is not None and item is not None else None
+            found = _loop_exit_size(op, t.value_index, inner)
     elif kind in _LIST_GROWING_TYPES or kind in _LIST_KEEPING_TYPES:
         index = t.value_index if kind == "IdentityN" else 0
         inner = _tensor_list_size(op.inputs[index], memo) if op.inputs else None
@@ -351,6 +353,64 @@ def _tensor_list_size(t, memo: dict):
         found = inner
     memo[t.name] = found
     return found
+
+
+# reductions a loop's bound is computed with from constants (a Keras RNN layer's maximum_iterations is
+# the ``Max`` of its sequence length), which ``tf.get_static_value`` does not fold
+_STATIC_REDUCTIONS = {"Max": np.max, "Min": np.min}
+
+
+def _static_value(t):
+    """``tf.get_static_value(t)``, or the value of a max or min of static values (None if unknown)."""
+    value = tf.get_static_value(t)
+    if value is not None or t.op.type not in _STATIC_REDUCTIONS:
+        return value
+    data, axes = (tf.get_static_value(i) for i in t.op.inputs[:2])
+    if data is None or axes is None or np.size(data) == 0:
+        return None
+    axes = tuple(int(a) for a in np.atleast_1d(axes))
+    return _STATIC_REDUCTIONS[t.op.type](data, axis=axes, keepdims=bool(t.op.get_attr("keep_dims")))
+
+
+def _through_identities(t):
+    while t.op.type == "Identity" and len(t.op.inputs) == 1:
+        t = t.op.inputs[0]
+    return t
+
+
+def _loop_exit_size(op, k: int, entering: tuple):
+    """``(bytes, slots, item bytes)`` of the list loop variable ``k`` of the ``While`` op ``op`` holds
+    when the loop ends, given the list it entered with (see :func:`tensor_list_bytes`).
+
+    The loop body says how the list changes each trip (TF 2 ``while_v2``: its inputs and outputs are the
+    loop variables, the second of which is the maximum number of trips): passed on unchanged, it leaves
+    as it came; an item pushed each trip adds that many items (none for a variable's value, which the
+    item shares with the variable: the per-trip reads of an RNN cell's kernels); popped each trip (the
+    gradient loop consuming an accumulator of its forward loop) it loses that many. Otherwise, or where
+    the body cannot be read, the list leaves at most full: its slots times an item."""
+    size, slots, item = entering
+    full = (max(size, slots * item), slots, item) if slots is not None and item is not None else None
+    body = _compat.loop_body_graph(op)
+    if body is None or k >= len(body.outputs) or k >= len(body.inputs) or len(op.inputs) < 2:
+        return full
+    trips = _static_value(op.inputs[1])
+    start, out = body.inputs[k], _through_identities(body.outputs[k])
+    if out is start:
+        return entering
+    if trips is None or np.ndim(trips) != 0 or int(trips) < 0 or not out.op.inputs \
+            or _through_identities(out.op.inputs[0]) is not start:
+        return full
+    trips = int(trips)
+    if out.op.type == "TensorListPushBack":
+        pushed = out.op.inputs[1]
+        each = 0 if _through_identities(pushed).op.type == "ReadVariableOp" else tensor_bytes(pushed)
+        if each is None:
+            return full
+        return size + trips * each, slots, item if item is not None else each
+    if out.op.type == "TensorListPopBack":
+        each = tensor_bytes(out.op.outputs[1])
+        return (max(0, size - trips * each), slots, item) if each is not None else full
+    return full
 
 
 def _kernel_scratch_bytes(t) -> int | None:
@@ -379,10 +439,15 @@ def warn_opaque(infos: Sequence[OpInfo], warn: list[str]) -> None:
     for info in opaque:
         warn.append(f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
                     "non-recomputable node and its internal memory is not modelled")
+    # a loop keeps every trip's values to the end of its gradient, and none can be dropped: say how to
+    # have a Keras RNN layer's trips planned one by one
+    loops = any(info.op.type in _LOOP_TYPES for info in opaque)
+    hint = ("; a Keras RNN layer built with unroll=True (a fixed sequence length) is planned step by step"
+            if loops else "")
     if len(opaque) == 1:
-        warnings.warn(warn[-1], UserWarning, stacklevel=3)
+        warnings.warn(warn[-1] + hint, UserWarning, stacklevel=3)
     elif opaque:
         named = ", ".join(f"{info.op.name!r} ({info.op.type})" for info in opaque[:3])
         warnings.warn(f"{len(opaque)} ops are opaque calls or loops ({named}{', ...' if len(opaque) > 3 else ''}): "
-                      "each becomes a single non-recomputable node and its internal memory is not modelled",
+                      "each becomes a single non-recomputable node and its internal memory is not modelled" + hint,
                       UserWarning, stacklevel=3)
