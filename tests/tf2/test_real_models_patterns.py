@@ -6,11 +6,16 @@ cycle of ops, merged into one node and split again), a per-pixel loss on one-hot
 the task's own loss) and a masked language model's loss at gathered positions, weighted per masked
 token (BERT's MaskedLM, whose sample weights are ``(B, masks)`` as its preprocessor gives them), and
 an object detector whose own ``compute_loss`` turns boxes and classes into its two outputs' targets
-(RetinaNet; its weights outweigh its activations, so its budget is a share of those). Random
+(RetinaNet; its weights outweigh its activations, so its budget is a share of those), and a
+transformer detector that maps over the batch in a ``While`` loop and matches boxes in its loss with
+conds (D-FINE, built as ``experiments/realworld.py`` builds it). Random
 init, small configs, no download, ``RematModel`` with a budget only: the losses equal plain Keras
 ``fit``'s, the replayed schedule is within the budget, and no composite layer is a node of its own."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +30,9 @@ from checkmate.simulate import simulate  # noqa: E402
 from checkmate.tf2 import _compat  # noqa: E402
 
 from test_real_models import BATCH, assert_runs_the_plain_kernels, losses_of  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
+import realworld  # noqa: E402
 
 VOCAB, STEPS = 200, 32
 
@@ -108,26 +116,6 @@ def detection_batches(boxes: int = 4):
             {"boxes": np.concatenate([corner, corner + size], -1).astype("float32"), "labels": classes})
 
 
-def d_fine():
-    """KerasHub's D-FINE detector, small: its query generator maps over the batch (a ``While`` loop) and
-    its own loss matches boxes in conds and loops."""
-    encoder = keras_hub.models.HGNetV2Backbone(
-        stem_channels=[3, 16, 16], stackwise_stage_filters=[[16, 16, 32, 1, 1, 3], [32, 16, 64, 1, 1, 3]],
-        apply_downsample=[False, True], use_lightweight_conv_block=[False, False], depths=[1, 1],
-        hidden_sizes=[32, 64], embedding_size=16, use_learnable_affine_block=True, hidden_act="relu",
-        image_shape=(None, None, 3), out_features=["stage1", "stage2"], data_format="channels_last")
-    backbone = keras_hub.models.DFineBackbone(
-        backbone=encoder, decoder_in_channels=[32, 32], encoder_hidden_dim=32, num_denoising=10, num_labels=4,
-        hidden_dim=32, learn_initial_query=False, num_queries=10, anchor_image_size=(32, 32), feat_strides=[4, 8],
-        num_feature_levels=2, encoder_in_channels=[32, 64], encode_proj_layers=[1], num_attention_heads=2,
-        encoder_ffn_dim=64, num_encoder_layers=1, hidden_expansion=0.5, depth_multiplier=0.5, eval_idx=-1,
-        num_decoder_layers=2, decoder_attention_heads=2, decoder_ffn_dim=64, decoder_method="default",
-        decoder_n_points=[2, 2], lqe_hidden_dim=16, num_lqe_layers=1, out_features=["stage1", "stage2"],
-        image_shape=(32, 32, 3), data_format="channels_last", seed=0)
-    return keras_hub.models.DFineObjectDetector(backbone=backbone, num_classes=4, bounding_box_format="yxyx",
-                                                preprocessor=None)
-
-
 def d_fine_batches(boxes: int = 2):
     """Images with boxes (centre and size, as fractions of the image) and their classes."""
     rng = np.random.default_rng(0)
@@ -135,7 +123,7 @@ def d_fine_batches(boxes: int = 2):
     size = rng.uniform(0.1, 0.3, (2 * BATCH, boxes, 2))
     return (rng.uniform(0, 1, (2 * BATCH, 32, 32, 3)).astype("float32"),
             {"boxes": np.concatenate([centre, size], -1).astype("float32"),
-             "labels": rng.integers(0, 4, (2 * BATCH, boxes)).astype("int32")})
+             "labels": rng.integers(0, realworld.SEGMENT_CLASSES, (2 * BATCH, boxes)).astype("int32")})
 
 
 def lm_batches():
@@ -174,7 +162,7 @@ CASES = {
     "segformer": (segformer, segmentation_batches),
     "bert_mlm": (bert_mlm, masked_lm_batches),
     "retinanet": (retinanet, detection_batches),
-    "d_fine": (d_fine, d_fine_batches),
+    "d_fine": (realworld.d_fine, d_fine_batches),
 }
 BUDGETS = {"retinanet": "80% activations"}
 

@@ -50,6 +50,22 @@ def specs(batch=BATCH, width=WIDTH):
     return tf.TensorSpec((batch, STEPS, width)), tf.TensorSpec((batch,), tf.int64)
 
 
+
+def assert_trains_as_keras_fit(build, x, y, budget):
+    """Two models from ``build`` with the same weights: ``RematModel(model, budget).fit`` gives the
+    losses Keras' own fit gives, and the replayed plan is within its budget."""
+    reference, model = build(), build()
+    for m in (reference, model):
+        m.compile(keras.optimizers.Adam(1e-2), XENT)
+    for a, b in zip(reference.variables, model.variables):
+        b.assign(a)
+    trainer = checkmate.tf2.RematModel(model, budget=budget)
+    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    assert got == pytest.approx(expected, rel=1e-5)
+    step = trainer.compiled_step()
+    assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes
+
 def test_tensor_lists_are_sized_by_the_items_they_hold():
     lg = lower(scan_model(), XENT, *specs(), level="op")
     graph, fg = lg.graph, lg.function.graph
@@ -96,23 +112,6 @@ def test_a_plan_that_recomputes_through_the_tensor_lists_gives_the_plain_gradien
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     for g, e in zip(grads, expected):
         assert_close_relative(g, e)
-
-
-def test_remat_model_trains_a_tensor_array_model_as_keras_fit_does():
-    reference, model = scan_model(width=32), scan_model(width=32)
-    for m in (reference, model):
-        m.compile(keras.optimizers.Adam(1e-2), XENT)
-    for a, b in zip(reference.variables, model.variables):
-        b.assign(a)
-    rng = np.random.default_rng(1)
-    x = rng.standard_normal((3 * BATCH, STEPS, 32)).astype("float32")
-    y = rng.integers(0, 3, (3 * BATCH,))
-    trainer = checkmate.tf2.RematModel(model, budget="80% activations")
-    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    assert got == pytest.approx(expected, rel=1e-5)
-    step = trainer.compiled_step()
-    assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes
 
 
 class MixedScan(keras.layers.Layer):
@@ -223,19 +222,13 @@ def test_the_lists_a_loop_carries_are_sized_at_their_capacity():
         assert lg.graph.mem[lg.op_node[op.name]] >= BATCH * row
 
 
-def test_remat_model_trains_a_model_that_maps_over_the_batch_as_keras_fit_does():
-    reference, model = map_model(width=32), map_model(width=32)
-    for m in (reference, model):
-        m.compile(keras.optimizers.Adam(1e-2), XENT)
-    rng = np.random.default_rng(3)
+@pytest.mark.parametrize("build,budget", [(scan_model, "80% activations"), (map_model, "90% activations")],
+                         ids=["tensor_array", "map_over_the_batch"])
+def test_remat_model_trains_a_model_with_lists_as_keras_fit_does(build, budget):
+    rng = np.random.default_rng(1)
     x = rng.standard_normal((3 * BATCH, STEPS, 32)).astype("float32")
     y = rng.integers(0, 3, (3 * BATCH,))
-    trainer = checkmate.tf2.RematModel(model, budget="90% activations")
-    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    assert got == pytest.approx(expected, rel=1e-5)
-    step = trainer.compiled_step()
-    assert simulate(step.graph, step.schedule).peak_memory_bytes <= step.predicted.budget_bytes
+    assert_trains_as_keras_fit(lambda: build(width=32), x, y, budget)
 
 
 class Branch(keras.layers.Layer):
@@ -270,18 +263,12 @@ def test_the_optionals_a_cond_returns_for_its_gradient_are_sized_and_train_as_ke
         assert size is not None and size <= 4 * item, (t.name, size)
     assert max(tensor_list_bytes(t) for t in optionals) >= item // STEPS
 
-    reference, model = branch_model(width=32), branch_model(width=32)
-    for m in (reference, model):
-        m.compile(keras.optimizers.Adam(1e-2), XENT)
     rng = np.random.default_rng(4)
     x = rng.standard_normal((4 * BATCH, STEPS, 32)).astype("float32")
     x[BATCH:2 * BATCH] -= 3.0           # the second batch takes the other branch
     y = rng.integers(0, 3, (4 * BATCH,))
     # the cond is one node that cannot be recomputed, which holds the step near checkpoint-all's peak
-    trainer = checkmate.tf2.RematModel(model, budget="100%")
-    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    assert got == pytest.approx(expected, rel=1e-5)
+    assert_trains_as_keras_fit(lambda: branch_model(width=32), x, y, "100%")
 
 
 def rnn_model(kind: str, units: int = 16, steps: int = 7):
@@ -321,13 +308,7 @@ def test_an_rnn_layers_loop_is_sized_by_what_each_trip_keeps():
 
 @pytest.mark.parametrize("kind", ["LSTM", "GRU"])
 def test_remat_model_trains_rnn_layers_as_keras_fit_does(kind):
-    reference, model = rnn_model(kind), rnn_model(kind)
-    for m in (reference, model):
-        m.compile(keras.optimizers.Adam(1e-2), XENT)
     rng = np.random.default_rng(5)
     x = rng.integers(0, 50, (3 * BATCH, 7)).astype("int32")
     y = rng.integers(0, 3, (3 * BATCH,))
-    trainer = checkmate.tf2.RematModel(model, budget="100%")
-    expected = reference.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    got = trainer.fit(x, y, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
-    assert got == pytest.approx(expected, rel=1e-5)
+    assert_trains_as_keras_fit(lambda: rnn_model(kind), x, y, "100%")
