@@ -554,6 +554,14 @@ def _minimum_note(strategy: str) -> str:
     return ""
 
 
+def _headroom_part(minimum: int, planned_minimum: int) -> str:
+    """What a minimum in bytes holds besides the plan: the allocator's headroom (a percentage is
+    planned as given, so the percentages beside it are of the plan alone)."""
+    if minimum <= planned_minimum:
+        return ""
+    return f": a plan of {format_bytes(planned_minimum)} and the allocator's headroom"
+
+
 def _floor_note(graph: Any, planned_minimum: int, strategy: str) -> str:
     """What is known of the minimum from below (:func:`checkmate.bounds.peak_floor`): that it is the
     least any schedule needs, or the least below which none fits; with, for a solving strategy whose
@@ -780,7 +788,8 @@ def _compile_plan(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, 
             raise InfeasibleBudgetError(
                 f"{strategy}: no schedule of {lowered.graph.name} fits in {format_bytes(budget_bytes)} "
                 f"({budget_bytes} bytes{describe_fraction(budget_bytes, lowered.graph, budget)}{headroom_note}); "
-                f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes)"
+                f"minimum feasible budget: {format_bytes(minimum)} ({minimum} bytes"
+                f"{_headroom_part(minimum, planned_minimum)})"
                 f"{_activation_share(planned_minimum, lowered.graph, budget)}, or "
                 f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak"
                 f"{_floor_note(lowered.graph, planned_minimum, strategy)}",

@@ -205,6 +205,7 @@ def test_layer_level_keeps_a_nested_backbone_in_one_node():
 
 def test_infeasible_activation_budget_names_the_minimum_in_bytes_and_activations():
     from checkmate.budgets import activation_reference
+    from checkmate.solvers import format_bytes
     from checkmate.tf2.step import compile_lowered
 
     model = gpt2(True)
@@ -220,7 +221,9 @@ def test_infeasible_activation_budget_names_the_minimum_in_bytes_and_activations
     minimum = info.value.min_feasible_budget_bytes
     # in bytes, the minimum leaves the allocator's headroom above what the plan needs
     assert minimum >= checkpoint_all_peak(lowered.graph) == floor + activations
-    assert f"({minimum} bytes), or 100.0% of the activations" in str(info.value)
+    planned = format_bytes(checkpoint_all_peak(lowered.graph))
+    assert (f"({minimum} bytes: a plan of {planned} and the allocator's headroom), or 100.0% of the activations"
+            in str(info.value)), str(info.value)
     assert "1.0% of the activations" in str(info.value)
 
 
