@@ -303,8 +303,9 @@ def _tensor_list_size(t, memo: dict):
     the memo holds a list's input already."""
     if t.dtype != tf.variant:
         return None
-    if t.name in memo:
-        return memo[t.name]
+    key = (id(t.graph), t.name)     # a branch's or loop body's graph names its tensors as the step's do
+    if key in memo:
+        return memo[key]
     op = t.op
     kind = op.type
     found = None
@@ -351,7 +352,7 @@ def _tensor_list_size(t, memo: dict):
                     each = item     # an item set or pushed: the list's items have its size
                 inner = (grown, slots, each)
         found = inner
-    memo[t.name] = found
+    memo[key] = found
     return found
 
 
