@@ -408,7 +408,9 @@ def _loop_exit_size(op, k: int, entering: tuple):
         if each is None:
             return full
         return size + trips * each, slots, item if item is not None else each
-    if out.op.type == "TensorListPopBack":
+    if out.op.type == "TensorListPopBack" and op.inputs[k].op.type in _LOOP_TYPES:
+        # an accumulator of the forward loop, which pushed one item a trip: the gradient loop runs as
+        # many trips as it did and pops them all (a loop that stops early pops fewer: not assumed)
         each = tensor_bytes(out.op.outputs[1])
         return (max(0, size - trips * each), slots, item) if each is not None else full
     return full
