@@ -21,8 +21,8 @@ from checkmate.simulate import ReadIndex, simulate
 if TYPE_CHECKING:  # pragma: no cover
     from checkmate.graph import Graph
 
-__all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes", "peak_floor",
-           "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
+__all__ = ["last_use_stage", "checkpoint_all_schedule", "checkpoint_all_peak", "largest_working_set_bytes",
+           "peak_floor", "InputIndex", "prune_unused_holds", "drop_holds_unread_by", "cost_lower_bound",
            "COMBINED_BOUND_MAX_NONZEROS", "CLOSURE_BOUND_MAX_PAIRS", "INTEGER_BOUND_TIME_S",
            "INTEGER_BOUND_MAX_NONZEROS"]
 
@@ -71,7 +71,6 @@ def largest_working_set_bytes(graph: "Graph") -> int:
     for k, deps in enumerate(graph.deps):
         need[k] += int(graph.mem[list(deps)].sum()) if deps else 0
     return int(graph.fixed_mem) + int(need.max(initial=0))
-
 
 
 def peak_floor(graph: "Graph") -> tuple[int, int]:

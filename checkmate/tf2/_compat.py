@@ -130,7 +130,6 @@ def op_is_stateful(op: "tf.Operation") -> bool:
         return True
 
 
-
 def branch_graphs(op: "tf.Operation") -> list:
     """The graphs of the branch functions of an ``If``/``StatelessIf`` op (``then_branch``,
     ``else_branch``), or [] where they cannot be read. TF 2.21 private API: ``Graph._get_function``
@@ -152,6 +151,7 @@ def loop_body_graph(op: "tf.Operation"):
         return op.graph._get_function(op.get_attr("body").name).graph
     except (AttributeError, KeyError, ValueError, TypeError):
         return None
+
 
 def sublayers(layer: object) -> list:
     """The layers ``layer`` holds directly (a model's layers, a composite layer's sublayers such as a
