@@ -175,62 +175,6 @@ def test_in_place_kernels_share_their_input_node():
     assert tiles > 0
 
 
-class RerunInLoss(keras.Model):
-    """Its ``compute_loss`` runs the backbone again on the inputs and sums a loss per backbone output
-    (KerasHub's BASNet): the whole differentiated network is made inside the loss, one "layer"."""
-
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        parent = super()
-        outputs = self.backbone(x)
-        return keras.ops.sum([parent.compute_loss(x, y, o, sample_weight, training=training)
-                              for o in outputs.values()])
-
-
-def multi_output_backbone(depth=6, width=32, size=32):
-    layers = keras.layers
-    inp = keras.Input((size, size, 3))
-    x, outputs = inp, {}
-    for d in range(depth):
-        x = layers.Conv2D(width, 3, padding="same", name=f"conv{d}")(x)
-        x = layers.BatchNormalization(name=f"bn{d}")(x)
-        x = layers.Activation("relu", name=f"relu{d}")(x)
-        if d % 2:
-            outputs[f"out{d}"] = layers.Conv2D(1, 1, name=f"head{d}")(x)
-    return keras.Model(inp, outputs, name="backbone")
-
-
-def test_a_network_run_inside_the_loss_is_planned_in_creation_order():
-    """The loss's run of the backbone is one group of ops, split for its workspace into parts that share
-    its place in the step: kept together, the weight gradients and the rest of the backward would run
-    after the whole input-gradient chain, holding every activation gradient to the end (checkpoint-all
-    predicted 1.7x the plain step's measured peak). Lowered in creation order, checkpoint-all's step
-    peak is the one the same network has when the loss reads its outputs directly (the first forward
-    run's values die before the backward)."""
-    batch, size = 16, 32
-    x = tf.random.normal((batch, size, size, 3), seed=1)
-    y = tf.cast(tf.random.uniform((batch, size, size, 1), seed=2) > 0.5, tf.float32)
-    loss = keras.losses.BinaryCrossentropy(from_logits=True)
-    peaks = {}
-    for kind in ("rerun", "direct"):
-        keras.utils.set_random_seed(0)
-        backbone = multi_output_backbone(size=size)
-        inp = keras.Input((size, size, 3))
-        if kind == "rerun":
-            model = RerunInLoss(inp, backbone(inp)["out5"], name="rerun")
-            model.backbone = backbone
-            model.compile(keras.optimizers.SGD(0.01), loss)
-        else:
-            outputs = backbone(inp)
-            model = keras.Model(inp, [outputs[k] for k in sorted(outputs)], name="direct")
-            model.compile(keras.optimizers.SGD(0.01), [loss] * len(outputs))
-        trainer = checkmate.tf2.RematModel(model, budget="100%")
-        trainer.compile(model.optimizer, model.loss)
-        labels = y if kind == "rerun" else (y,) * 3
-        step = trainer.compiled_step(x, labels)
-        peaks[kind] = checkpoint_all_peak(step.graph) - resident_bytes(step.lowered)
-    assert peaks["rerun"] <= 1.05 * peaks["direct"], peaks
-
-
 # ------------------------------------------------------------------------------------------ fidelity
 FIDELITY_MODELS = {**MODELS, "groupnorm_unet": groupnorm_unet, "residual_stream_mlp": residual_stream_mlp}
 # Measured over predicted step peak (the allocator's peak above the parameters and batch, against the

@@ -16,7 +16,6 @@ from typing import Any, Mapping, Sequence
 
 import networkx as nx
 
-from checkmate.bounds import checkpoint_all_peak
 from checkmate.graph import Graph, Node
 from checkmate.tf2.lowered import LoweredGraph, flat_names
 from checkmate.tf2.lowering.accounting import node_mem
@@ -33,6 +32,10 @@ def build_graph(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph, 
     """The graph of ``groups``; also its node ops, each op's node, each node's workspace and, per node,
     the index of its group."""
     dg = group_dependencies(groups, op_graph)
+    first = [g.sort_key for g in groups]
+    order = list(nx.lexicographical_topological_sort(dg, key=first.__getitem__))
+    new_id = {old: new for new, old in enumerate(order)}
+
     if grads_resident:
         # Compact layer level: the parameter gradients are in fixed_mem, so a layer's backward node is
         # an output only through the loss, and its value is what it passes to other nodes.
@@ -44,44 +47,24 @@ def build_graph(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph, 
         output_tensors = {traced.loss_tensor, *traced.gradient_outputs, *flat_names(traced.pred_structure)}
         resident = frozenset()
     output_ops = {t.rsplit(":", 1)[0] for t in output_tensors}
-    # per group: (bytes of its value, workspace, whether it holds a step output)
-    sized = [(*node_mem(g.ops, infos, op_graph, level, output_tensors, resident),
-              any(infos[i].op.name in output_ops for i in g.ops)) for g in groups]
-
-    def assemble(order: Sequence[int]) -> tuple[Graph, list[tuple[str, ...]], list[int]]:
-        new_id = {old: new for new, old in enumerate(order)}
-        nodes, node_ops, workspace = [], [], []
-        used_names: dict[str, int] = {}
-        for new, old in enumerate(order):
-            g = groups[old]
-            mem, ws, output = sized[old]
-            label = g.name
-            if label in used_names:
-                used_names[label] += 1
-                label = f"{label}#{used_names[label]}"
-            else:
-                used_names[label] = 0
-            nodes.append(Node(id=new, name=label, cost=1.0, mem=int(mem), backward=g.backward, output=output,
-                              recomputable=g.recomputable))
-            node_ops.append(tuple(infos[i].op.name for i in sorted(g.ops)))
-            workspace.append(int(ws))
-        edges = [(new_id[d], new_id[k]) for d, k in dg.edges]
-        return Graph(nodes, edges, name=name, fixed_mem=fixed), node_ops, workspace
-
-    keys = [g.sort_key for g in groups]
-    order = list(nx.lexicographical_topological_sort(dg, key=keys.__getitem__))
-    graph, node_ops, workspace = assemble(order)
-    # The groups' keys keep the parts of a split layer together at the layer's place (its first op).
-    # Where one "layer" holds a whole network (a backbone run again inside the loss), that holds every
-    # activation gradient it makes until its last part has run. The other candidate is creation order,
-    # the order TF's executor runs the plain step in: the one whose checkpoint-all peak is lower wins.
-    created = [(min(g.ops), *g.sort_key[1:]) for g in groups]
-    if created != keys:
-        by_creation = list(nx.lexicographical_topological_sort(dg, key=created.__getitem__))
-        if by_creation != order:
-            other = assemble(by_creation)
-            if checkpoint_all_peak(other[0]) < checkpoint_all_peak(graph):
-                order, (graph, node_ops, workspace) = by_creation, other
+    nodes, node_ops, workspace = [], [], []
+    used_names: dict[str, int] = {}
+    for new, old in enumerate(order):
+        g = groups[old]
+        mem, ws = node_mem(g.ops, infos, op_graph, level, output_tensors, resident)
+        label = g.name
+        if label in used_names:
+            used_names[label] += 1
+            label = f"{label}#{used_names[label]}"
+        else:
+            used_names[label] = 0
+        nodes.append(Node(id=new, name=label, cost=1.0, mem=int(mem), backward=g.backward,
+                          output=any(infos[i].op.name in output_ops for i in g.ops),
+                          recomputable=g.recomputable))
+        node_ops.append(tuple(infos[i].op.name for i in sorted(g.ops)))
+        workspace.append(int(ws))
+    edges = [(new_id[d], new_id[k]) for d, k in dg.edges]
+    graph = Graph(nodes, edges, name=name, fixed_mem=fixed)
     assert graph.source_ids == tuple(range(graph.n)), "lowering must emit nodes in a topological order"
     op_node = {op: nid for nid, ops in enumerate(node_ops) for op in ops}
     return graph, tuple(node_ops), op_node, tuple(workspace), order
