@@ -76,6 +76,7 @@ from checkmate.tf2.lowering.accounting import fixed_bytes, gradient_bytes
 from checkmate.tf2.lowering.assembly import build_graph, lowered_graph, node_costs, with_costs
 from checkmate.tf2.lowering.grouping import (
     LOSS_LAYER,
+    PREDICTION_LAYER,
     WORKSPACE_SPLIT_FRACTION,
     WORKING_SET_SPLIT_FRACTION,
     WORKING_SET_SPLIT_RATIO,
@@ -83,6 +84,7 @@ from checkmate.tf2.lowering.grouping import (
     composite_calls,
     gradient_node_groups,
     layer_groups,
+    prediction_ops,
     merge_cycles,
     op_groups,
     split_large_workspaces,
@@ -94,7 +96,7 @@ from checkmate.tf2.lowering.ops import OpGraph, OpInfo, classify_ops, warn_opaqu
 from checkmate.tf2.lowering.trace import TracedStep, trace_step, training_loss
 
 __all__ = ["lower", "trace_step", "training_loss", "TracedStep", "classify_ops", "OpGraph", "OpInfo", "LEVELS",
-           "COST_MODELS", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION"]
+           "COST_MODELS", "LOSS_LAYER", "PREDICTION_LAYER", "WORKSPACE_SPLIT_FRACTION"]
 
 _log = logging.getLogger("checkmate.tf2.lowering")
 
@@ -159,7 +161,7 @@ def lower(model: Any, loss: Any, input_spec: Any, label_spec: Any, level: str = 
     compact_nodes = None
     composites: dict[str, int] = {}
     if level == "op":
-        groups = op_groups(infos)
+        groups = op_groups(infos, prediction_ops(traced, infos))
         split = True  # op level is exact: every gradient op is an output node of its own
     else:
         composites = composite_calls(traced) if level == "auto" else {}

@@ -63,7 +63,7 @@ from checkmate.tf2.lowering.accounting import _IN_PLACE_OPS, _VIEW_OPS, new_work
 from checkmate.tf2.lowering.ops import OpGraph, OpInfo
 from checkmate.tf2.lowering.trace import TracedStep
 
-__all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
+__all__ = ["Group", "LOSS_LAYER", "PREDICTION_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "layer_groups", "gradient_node_groups",
            "composite_calls",
            "merge_cycles", "group_dependencies", "split_large_workspaces", "split_large_outputs",
            "OUTPUT_SPLIT_RATIO", "OUTPUT_SPLIT_FRACTION", "WORKING_SET_SPLIT_FRACTION", "WORKING_SET_SPLIT_RATIO",
@@ -72,6 +72,9 @@ __all__ = ["Group", "LOSS_LAYER", "WORKSPACE_SPLIT_FRACTION", "op_groups", "laye
 
 # Layer-level name of the loss function's ops, and of model ops no layer call created.
 LOSS_LAYER = "loss"
+# The node of the ops that return the step's predictions (with predictions=True; see prediction_ops);
+# no layer's name or node label has this form (":" ends a layer name in a label, as in "<layer>:saved")
+PREDICTION_LAYER = "step:predictions"
 _UNATTRIBUTED = "model"
 
 # In a graph with gradient nodes, a layer node whose new transient tensors outweigh both its value and
@@ -130,12 +133,17 @@ class Group:
         return self.order if self.order is not None else (min(self.ops), 0)
 
 
-def op_groups(infos: Sequence[OpInfo]) -> list[Group]:
+def op_groups(infos: Sequence[OpInfo], predictions: Sequence[int] = ()) -> list[Group]:
+    """One group per op, but the ops that return the predictions (``predictions``, see
+    :func:`prediction_ops`): one group, the step's last node."""
     groups = []
     for info in infos:
-        if info.static:
+        if info.static or info.index in predictions:
             continue
         groups.append(Group(info.op.name, [info.index], info.backward, info.recomputable))
+    if predictions:
+        groups.append(Group(PREDICTION_LAYER, sorted(predictions), infos[predictions[0]].backward,
+                            all(infos[i].recomputable for i in predictions)))
     return groups
 
 
@@ -150,6 +158,13 @@ def composite_calls(traced: TracedStep) -> dict[str, int]:
             if parent in names:
                 inner[parent] = inner.get(parent, 0) + 1
     return inner
+
+
+def prediction_ops(traced: TracedStep, infos: Sequence[OpInfo]) -> list[int]:
+    """The indices of the ops that return the step's predictions (non-static ones): created after the
+    gradients, each its own node, the step's last nodes (see ``trace._prediction_output``)."""
+    start = traced.prediction_start if traced.prediction_start is not None else traced.terminal_start
+    return [i for i in range(start, traced.terminal_start) if not infos[i].static]
 
 
 def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph,
@@ -207,6 +222,11 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
 
     _split_junctions(layer, traced, infos, op_graph)
 
+    # The ops that return the predictions: together the step's last node, PREDICTION_LAYER
+    predictions = set(prediction_ops(traced, infos))
+    for i in predictions:
+        layer[i] = PREDICTION_LAYER
+
     # Backward: the forward op (or scope) whose name the gradient op carries.
     scope_layer: dict[str, str | None] = {}
     for info in infos:
@@ -228,7 +248,7 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
                 scope_layer[prefix] = name
     for info in infos:
         i = info.index
-        if info.static or i < traced.grad_start:
+        if info.static or i < traced.grad_start or i in predictions:
             continue
         parts = info.op.name.split("/")
         if parts[0].startswith("gradient_tape"):
@@ -373,7 +393,7 @@ def layer_groups(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph,
             buckets.setdefault((layer[info.index], info.backward), []).append(info.index)
     groups: list[Group] = []
     for (name, backward), ops in buckets.items():
-        base = f"{name}_grad" if backward else name
+        base = f"{name}_grad" if backward and name != PREDICTION_LAYER else name
         parts = _split_by_recomputability(ops, infos, op_graph)
         seen_rec = 0
         for part_ops, rec in parts:

@@ -201,6 +201,7 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
 
     infos: list[OpInfo] = []
     list_sizes: dict[str, Any] = {}
+    prediction_start = traced.prediction_start if traced.prediction_start is not None else traced.terminal_start
     for index, op in enumerate(ops):
         info = OpInfo(op=op, index=index, static=True)
         infos.append(info)
@@ -239,6 +240,10 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
                     f"cannot size op {op.name!r} ({op.type}): {kind}{_describe_unsizeable(t)}; "
                     + _unsizeable_hint(op, ops))
             sizes.append(size)
+        if prediction_start <= index:
+            # an op that returns a prediction passes its input's buffer on (an Identity): its node holds
+            # nothing of its own, and the step's last node reads the prediction there
+            sizes = [0] * len(sizes)
         info.out_bytes = tuple(sizes)
         info.bytes = int(sum(sizes))
 

@@ -47,6 +47,9 @@ class TracedStep:
     loss_start: int
     grad_start: int
     terminal_start: int
+    # with predictions: the index of the first op that returns one (each an op of its own, created
+    # after the gradients; see _prediction_output); terminal_start without
+    prediction_start: int | None = None
     # (layer name, first op index, end op index) of every call of a top-level layer (traced with
     # nested=True: of every layer at every depth, named by its path, e.g. "backbone/block_0/query")
     layer_calls: list[tuple[str, int, int]] = field(default_factory=list)
@@ -276,6 +279,12 @@ def _capture_variables(function: Any, distribution: Any, candidates: Any) -> tup
     return tuple(owner.get(id(external)) for external, _ in function.graph.captures)
 
 
+def _prediction_output(tensor: tf.Tensor) -> tf.Tensor:
+    """``tensor`` as the step returns it among the predictions: an op of its own (no copy: TF's
+    ``Identity`` passes the buffer on)."""
+    return tf.identity(tensor, name="prediction")
+
+
 def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimizer: Any = None,
                predictions: bool = False, fused_batch_norm: bool = False, nested: bool = False) -> TracedStep:
     """Trace ``(x, y) -> (loss, *grads, *indices)`` for ``model`` with fixed-shape specs, recording op
@@ -350,8 +359,13 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         names = iter(t.name for t in indices)
         marks["grad_indices"] = tuple(next(names) if s else None for s in sliced) if indices else ()
         preds = []
+        marks["prediction_start"] = _compat.current_graph_op_count()
         if predictions:
-            preds = [tf.convert_to_tensor(p) for p in tf.nest.flatten(pred)]
+            # Each prediction leaves the step through an op of its own, created last: its node is the
+            # step's last and the only one that must hold the prediction to the end. The op that made
+            # it (a language model's logits) is then free to go after the loss and to be computed
+            # again for this one at the end, instead of staying resident through the whole backward.
+            preds = [_prediction_output(tf.convert_to_tensor(p)) for p in tf.nest.flatten(pred)]
             marks["preds"] = tf.nest.pack_sequence_as(pred, [p.name for p in preds])
         marks["terminal_start"] = _compat.current_graph_op_count()
         return (value, *grads, *indices, *preds)
@@ -382,6 +396,7 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         loss_start=marks["loss_start"],
         grad_start=marks["grad_start"],
         terminal_start=marks["terminal_start"],
+        prediction_start=marks["prediction_start"],
         layer_calls=calls,
         pred_structure=marks.get("preds"),
         distribution=distribution,
