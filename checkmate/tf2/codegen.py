@@ -34,7 +34,8 @@ The plain training step (``LoweredGraph.function``) is rewritten at the GraphDef
   computations beside which its value (and a backward computation's temporaries) would exceed it; a
   recomputation also waits for one computation its node's other copies do not wait for. The others run
   in dataflow order, parallel branches (forward and backward) side by side; this is the default
-  (``order="auto"``) for a plan that recomputes (experiments/step_order.py). ``describe_order`` reports
+  (``order="auto"``) for a plan that recomputes (experiments/step_order.py), up to
+  ``PARTIAL_ORDER_MAX_COMPUTATIONS`` computations (beyond, the total order: the placement grows with their square). ``describe_order`` reports
   the critical path of the generated step (the longest path by the plan's node costs through data and
   control edges) against the plain step's: how much of the plain step's parallelism the order keeps.
   A plan that recomputes nothing gets no anchor
@@ -55,6 +56,7 @@ replicas with ``strategy.reduce``.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
@@ -69,7 +71,9 @@ from checkmate.tf2 import _compat
 from checkmate.tf2.lowered import LoweredGraph
 
 __all__ = ["RematFunction", "generate", "rewrite_graph_def", "RewrittenGraph", "copy_name", "critical_path",
-           "IMPORT_SCOPE"]
+           "IMPORT_SCOPE", "PARTIAL_ORDER_MAX_COMPUTATIONS"]
+
+_log = logging.getLogger("checkmate.tf2")
 
 # Name scope the rewritten graph is imported under; op names in the executed graph start with it.
 IMPORT_SCOPE = "checkmate_remat"
@@ -582,6 +586,10 @@ def partial_anchors(graph: Any, plan: Sequence[tuple[str, int]]) -> list[bool]:
 
 
 ORDERS = ("auto", "total", "partial", "none")
+# order="auto" takes the total order for a plan of more computations than this: the partial order's
+# placement (partial_waits) grows with their square (4 s for 3797 computations, 15 s for 6347 on a
+# 3797-node graph; a plan of 2.3 million computations did not finish in 9 minutes)
+PARTIAL_ORDER_MAX_COMPUTATIONS = 10000
 
 
 def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "auto") -> RewrittenGraph:
@@ -598,7 +606,12 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
     if order == "auto":
         # the partial order: less time than the total one on most plans, at the same peak.
         # Measured: experiments/results/README.md, section i.
-        order = "none" if int(schedule.recompute.sum()) == lowered.graph.n else "partial"
+        computations = int(schedule.recompute.sum())
+        order = ("none" if computations == lowered.graph.n else
+                 "partial" if computations <= PARTIAL_ORDER_MAX_COMPUTATIONS else "total")
+        if order == "total":
+            _log.info("the plan runs %d computations: the total order (the partial one's placement grows "
+                      "with their square)", computations)
     graph = lowered.graph
     if schedule.n != graph.n:
         raise InvalidScheduleError(f"the schedule is for {schedule.n} nodes; the graph has {graph.n}")

@@ -490,6 +490,10 @@ DEFAULT_LIMIT_RETRY_FACTOR = 2.0
 QUALITY_RETRY_MIN_OVERHEAD = 1.25
 QUALITY_RETRY_MIN_GAP = 0.2
 QUALITY_RETRY_MAX_LIMIT_S = 60.0
+# A plan that recomputes more than this many times the plain step's compute is kept (it fits the
+# budget), with a warning that says what each step will cost: KerasHub PARSeq's loss, before its decoder
+# calls were layer nodes, left auto only checkpoint_last_node at 70%, 421x.
+SLOW_PLAN_WARN_OVERHEAD = 3.0
 
 
 def _far_from_its_bound(result: SolveResult) -> bool:
@@ -796,9 +800,13 @@ def _compile_plan(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, 
                 budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
         if result.schedule is None:
             raise SolverError(f"{strategy} returned no schedule (status {result.status}); it only computes a bound")
+        overhead = result.compute_cost / lowered.graph.total_cost if lowered.graph.total_cost else 1.0
         _log.info("solved in %.1f s: overhead %.3fx, peak %s", time.perf_counter() - started,
-                  result.compute_cost / lowered.graph.total_cost if lowered.graph.total_cost else 1.0,
-                  format_bytes(result.peak_memory_bytes))
+                  overhead, format_bytes(result.peak_memory_bytes))
+        if overhead > SLOW_PLAN_WARN_OVERHEAD:
+            _log.warning("the plan for %s recomputes %.1fx the plain step's compute (%s): each step will take "
+                         "about that much longer; a larger budget, or more solve time (time_limit_s), may find "
+                         "a cheaper plan", format_bytes(target), overhead, result.status)
         return result
 
     def build(result: SolveResult, planned_for: int) -> CompiledStep:

@@ -624,3 +624,27 @@ def test_activation_budget_report_adds_up():
     assert f"{format_bytes(floor)} that every schedule holds" in text
     assert f"+ {format_bytes(total - floor)} (that share of the {format_bytes(activations)} of activations)" in text
     assert text.endswith(f"= {format_bytes(total)} ({total} bytes)")
+
+
+def test_a_plan_that_recomputes_many_times_the_step_says_what_each_step_will_cost(monkeypatch, caplog):
+    """A plan is kept when it fits, however much it recomputes, but compile warns with the factor
+    beyond SLOW_PLAN_WARN_OVERHEAD (lowered here to just under this plan's)."""
+    import logging
+
+    from checkmate.tf2 import step as step_module
+
+    model, loss, xs, ys = mlp_model()
+    optimizer = keras.optimizers.SGD(0.1)
+    step = checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="100%", strategy="chen_sqrtn")
+    overhead = step.predicted.overhead
+    assert overhead > 1.0
+    monkeypatch.setattr(step_module, "SLOW_PLAN_WARN_OVERHEAD", overhead - 1e-3)
+    with caplog.at_level(logging.WARNING, logger="checkmate.tf2"):
+        checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="100%", strategy="chen_sqrtn")
+    said = [r.getMessage() for r in caplog.records if "each step will take" in r.getMessage()]
+    assert said and f"{overhead:.1f}x" in said[0], [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    monkeypatch.setattr(step_module, "SLOW_PLAN_WARN_OVERHEAD", overhead + 1e-3)
+    with caplog.at_level(logging.WARNING, logger="checkmate.tf2"):
+        checkmate.tf2.compile(model, loss, optimizer, xs, ys, budget="100%", strategy="chen_sqrtn")
+    assert not [r for r in caplog.records if "each step will take" in r.getMessage()]

@@ -166,3 +166,21 @@ def test_unet_at_70_percent_measures_within_the_plan(request):
         peaks[order] = measure_peak_memory(fn.call_flat, *fn.flat_args(x, y), repeats=2, reduce="min")
     assert peaks["partial"] <= 1.10 * peaks["total"], peaks
     assert peaks["partial"] <= 1.15 * predicted, (peaks, predicted)
+
+
+def test_auto_takes_the_total_order_for_a_plan_of_too_many_computations(monkeypatch):
+    """The partial order's placement grows with the square of the plan's computations: beyond
+    PARTIAL_ORDER_MAX_COMPUTATIONS, order="auto" chains them (the total order) instead."""
+    import checkmate.tf2.codegen as codegen
+
+    model, loss, xs, ys = unet_model()
+    lowered = lower(model, loss, xs, ys, level="layer")
+    graph = lowered.graph
+    schedule = solve(graph, int(checkpoint_all_peak(graph) * 0.7), strategy="auto", **SOLVE_OPTIONS).schedule
+    computations = int(schedule.recompute.sum())
+    assert computations > graph.n
+    assert rewrite_graph_def(lowered, schedule).order == "partial"
+    monkeypatch.setattr(codegen, "PARTIAL_ORDER_MAX_COMPUTATIONS", computations - 1)
+    chained = rewrite_graph_def(lowered, schedule)
+    assert chained.order == "total"
+    assert chained.critical_path_cost == pytest.approx(chained.total_cost)
