@@ -162,7 +162,7 @@ def composite_calls(traced: TracedStep) -> dict[str, int]:
 
 def prediction_ops(traced: TracedStep, infos: Sequence[OpInfo]) -> list[int]:
     """The indices of the ops that return the step's predictions (non-static ones): created after the
-    gradients, each its own node, the step's last nodes (see ``trace._prediction_output``)."""
+    gradients, together one node, the step's last (see ``trace._prediction_output``)."""
     start = traced.prediction_start if traced.prediction_start is not None else traced.terminal_start
     return [i for i in range(start, traced.terminal_start) if not infos[i].static]
 

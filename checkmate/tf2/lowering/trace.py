@@ -361,8 +361,8 @@ def trace_step(model: Any, loss: Any, input_spec: Any, label_spec: Any, optimize
         preds = []
         marks["prediction_start"] = _compat.current_graph_op_count()
         if predictions:
-            # Each prediction leaves the step through an op of its own, created last: its node is the
-            # step's last and the only one that must hold the prediction to the end. The op that made
+            # Each prediction leaves the step through an op of its own, created last: together they are
+            # the step's last node, the only one that must hold the predictions at the end. The op that made
             # it (a language model's logits) is then free to go after the loss and to be computed
             # again for this one at the end, instead of staying resident through the whole backward.
             preds = [_prediction_output(tf.convert_to_tensor(p)) for p in tf.nest.flatten(pred)]
