@@ -294,9 +294,9 @@ _ONEDNN_MERGES = (("Conv2DBackpropFilter", 2, "BiasAddGrad", 0),   # (op, its in
                   ("Conv2D", None, "BiasAdd", 0), ("Pad", None, "Conv2D", 0))
 
 
-def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: set) -> list[str]:
+def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: set) -> dict[str, str]:
     """Gate the second op of each pair in :data:`_ONEDNN_MERGES` that a path through other ops joins
-    (see there); returns the names of the ops gated. ``nodes`` is changed in place."""
+    (see there); returns each gate's name with the op it gates. ``nodes`` is changed in place."""
     by_name = {nd.name: nd for nd in nodes}
     readers: dict[str, list] = {}
     users: dict[str, set[str]] = {}
@@ -323,7 +323,7 @@ def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: s
             if indegree[u] == 0:
                 ready.append(u)
     if len(position) != len(nodes):
-        return []       # a cycle already: _check_acyclic names it
+        return {}       # a cycle already: _check_acyclic names it
 
     def reaches(a: str, b: str, skip_direct: bool) -> bool:
         """A path from ``a`` to ``b`` (through another op when ``skip_direct``)."""
@@ -353,7 +353,7 @@ def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: s
         except (KeyError, ValueError):
             return None
 
-    gated = []
+    gated: dict[str, str] = {}
     for first_op, first_input, second_op, second_input in _ONEDNN_MERGES:
         for nd in nodes:
             if nd.op != second_op or len(nd.input) <= second_input or nd.input[second_input].startswith("^"):
@@ -375,7 +375,7 @@ def _separate_merged_pairs(nodes: list, tensor_dtypes: "_TensorDtypes", taken: s
             gate = _gate_node(f"{src}{_GATE_SUFFIX}_apart_{len(gated)}", src, typed[0], typed[1], [tensor], taken)
             nodes.append(gate)
             nd.input[second_input] = gate.name
-            gated.append(nd.name)
+            gated[gate.name] = nd.name
     return gated
 
 
@@ -826,16 +826,20 @@ def rewrite_graph_def(lowered: LoweredGraph, schedule: Schedule, order: str = "a
         if j is not None and copies[j] > 1:
             warnings.append(f"output {t} is computed {copies[j]} times; the last copy is returned")
 
+    op_unit = {op: key for key, ops in copy_ops.items() for op in ops}
     if order != "none":
-        _separate_merged_pairs(out_nodes, tensor_dtypes, taken)
+        # a gate that keeps a pair apart is part of the computation of the op it gates (the two ops are
+        # often one computation's: a unit of its own there would read that computation and feed it)
+        for gate, reader in _separate_merged_pairs(out_nodes, tensor_dtypes, taken).items():
+            if reader in op_unit:
+                op_unit[gate] = op_unit[reader]
     _check_acyclic(out_nodes)
     result = tf.compat.v1.GraphDef()
     result.versions.CopyFrom(source.versions)
     result.library.CopyFrom(source.library)
     result.node.extend(out_nodes)
     capture_names = tuple(internal.op.name for _, internal in lowered.function.graph.captures)
-    path = critical_path(out_nodes, {op: key for key, ops in copy_ops.items() for op in ops},
-                         {key: costs[key[0]] for key in copy_ops})
+    path = critical_path(out_nodes, op_unit, {key: costs[key[0]] for key in copy_ops})
     return RewrittenGraph(
         graph_def=result,
         copies=tuple(copies),

@@ -491,8 +491,8 @@ QUALITY_RETRY_MIN_OVERHEAD = 1.25
 QUALITY_RETRY_MIN_GAP = 0.2
 QUALITY_RETRY_MAX_LIMIT_S = 60.0
 # A plan that recomputes more than this many times the plain step's compute is kept (it fits the
-# budget), with a warning that says what each step will cost: KerasHub PARSeq (its own loss runs its
-# decoder once per label permutation) left auto only checkpoint_last_node at 70%, 421x.
+# budget), with a warning that says what each step will cost: KerasHub PARSeq's loss, before its decoder
+# calls were layer nodes, left auto only checkpoint_last_node at 70%, 421x.
 SLOW_PLAN_WARN_OVERHEAD = 3.0
 
 

@@ -167,6 +167,23 @@ def prediction_ops(traced: TracedStep, infos: Sequence[OpInfo]) -> list[int]:
     return [i for i in range(start, traced.terminal_start) if not infos[i].static]
 
 
+def _loss_runs(layer: dict[int, str]) -> None:
+    """Where the loss calls layers (a model run again in its own ``compute_loss``), its own ops between
+    those calls become runs of their own, ``loss``, ``loss@2``, ...: one node holding the ops before
+    and after a call would both feed the call and read it, a cycle that merges everything between."""
+    run, seen, between = 1, False, False
+    for i in sorted(layer):
+        if layer[i] != LOSS_LAYER:
+            between = seen
+            continue
+        if between:
+            run += 1
+            between = False
+        seen = True
+        if run > 1:
+            layer[i] = f"{LOSS_LAYER}@{run}"
+
+
 def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph,
                   composites: Mapping[str, int] | None = None) -> dict[int, str]:
     """Attribute every non-static op to a layer name (the loss function counts as layer ``loss``).
@@ -185,13 +202,16 @@ def _layer_of_ops(traced: TracedStep, infos: Sequence[OpInfo], op_graph: OpGraph
         if info.static:
             continue
         i = info.index
-        if i < traced.loss_start:
+        if i < traced.grad_start:
+            # a layer called by the loss (a model run again in its own compute_loss) is a layer too
             for name, start, end in spans:
                 if start <= i < end:
                     layer[i] = name
                     break
-        elif i < traced.grad_start:
-            layer[i] = LOSS_LAYER
+            else:
+                if i >= traced.loss_start:
+                    layer[i] = LOSS_LAYER
+    _loss_runs(layer)
     if composites:
         taken: set[str] = set()
         own: dict[str, list[int]] = {}
