@@ -43,7 +43,8 @@ top 2), SmolLM3 and RWKV-7 causal LMs; Qwen3.5 (gated delta-rule linear attentio
 position ids), Qwen-MoE (4 experts, top 2, a shared expert), Qwen2 and Llama3 causal LMs, the FNet
 classifier (token and segment ids), the ESM protein classifier (token ids only), KerasHub's HGNetV2
 classifier and the SegFormer segmenter (one-hot labels per pixel, the task's own loss); KerasHub's
-RetinaNet detector and BASNet segmenter (each with a ``compute_loss`` of its own).
+RetinaNet detector and BASNet segmenter (each with a ``compute_loss`` of its own), the D-FINE detector,
+and the PARSeq text recognizer (its ``compute_loss`` runs its decoder once per permutation of the label).
 """
 
 from __future__ import annotations
@@ -426,6 +427,28 @@ def d_fine():
 
 d_fine.image_size = 32
 
+PARSEQ_VOCAB, PARSEQ_LABEL = 97, 8      # the tokenizer's default characters with [E], [B] and [P]
+
+
+def parseq():
+    """KerasHub's PARSeq text recognizer (a one-layer ViT encoder, one decoder layer, 32x64 images, labels
+    of up to 8 characters): its own ``compute_loss`` runs the decoder again once per permutation of the
+    label order. Its ``__init__`` compiles with its tokenizer's pad id, so it is built with a
+    preprocessor and then used without one."""
+    hub = _hub()
+    encoder = hub.models.ViTBackbone(
+        image_shape=(32, 64, 3), patch_size=(8, 8), num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64,
+        use_class_token=False, dropout_rate=0.0, attention_dropout=0.0, name="encoder")
+    backbone = hub.models.PARSeqBackbone(
+        image_encoder=encoder, vocabulary_size=PARSEQ_VOCAB, max_label_length=PARSEQ_LABEL, decoder_hidden_dim=32,
+        num_decoder_layers=1, num_decoder_heads=2, decoder_mlp_dim=64, dropout_rate=0.0, attention_dropout=0.0)
+    tokenizer = hub.tokenizers.PARSeqTokenizer(max_label_length=PARSEQ_LABEL)
+    preprocessor = hub.models.PARSeqCausalLMPreprocessor(image_converter=None, tokenizer=tokenizer,
+                                                         sequence_length=PARSEQ_LABEL)
+    task = hub.models.PARSeqCausalLM(backbone=backbone, preprocessor=preprocessor, seed=0)
+    task.preprocessor = None
+    return task
+
 
 # keras.applications models that refuse inputs below a size of their own (InceptionV3 and
 # InceptionResNetV2: 75, Xception: 71)
@@ -514,10 +537,11 @@ EXTRA_MODELS = {
     "retinanet": (retinanet, "detection"),
     "basnet": (basnet, "saliency"),
     "dfine": (d_fine, "centred_boxes"),
+    "parseq": (parseq, "text_recognition"),
 }
 # KerasHub image tasks, which compile themselves (the others of kind "image" are compiled by twins())
 HUB_IMAGE_TASKS = {"vit", "deit", "hubresnet", "hubdensenet", "hubvgg", "hubswin", "hubcspnet", "hubmit",
-                   "hubxception", "hubhgnetv2", "segformer", "retinanet", "basnet", "dfine"}
+                   "hubxception", "hubhgnetv2", "segformer", "retinanet", "basnet", "dfine", "parseq"}
 TRANSFORMERS = {"lm", "lm_positions", "bert", "distilbert", "seq2seq", "segments", "tokens"}
 # CNNs whose smallest feasible share of the activations is above 50% at these sizes (InceptionV3 and
 # Xception at 75x75: 61.8% and 64.9%, their largest layers' working sets): trained at a budget they meet
@@ -526,7 +550,7 @@ BUDGETS = {"inceptionv3": "70% activations", "xception": "70% activations", "hub
            # weights and gradients outweigh the activations: 73.1% and 67.0% of them the least found
            "retinanet": "80% activations", "basnet": "75% activations",
            # a transformer detector: at half of checkpoint-all, as the language models
-           "dfine": "50%",
+           "dfine": "50%", "parseq": "50%",
            # RWKV-7's smallest budget found: 59.5% of checkpoint-all (docs/design.md, running sums)
            "rwkv7": "70%"}
 
@@ -583,6 +607,16 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
         return (rng.uniform(0, 1, (n, image, image, 3)).astype("float32"),
                 {"boxes": np.concatenate([centre, size], -1).astype("float32"),
                  "labels": rng.integers(0, SEGMENT_CLASSES, (n, 2)).astype("int32")})
+    if kind == "text_recognition":  # 32x64 images; [B], a label of 2-6 characters, [E], [P] padding
+        full = np.full((n, PARSEQ_LABEL + 1), PARSEQ_VOCAB - 1, dtype="int32")
+        mask = np.zeros((n, PARSEQ_LABEL + 1), dtype="int32")
+        for i, k in enumerate(rng.integers(2, PARSEQ_LABEL - 1, size=n)):
+            full[i, 0] = PARSEQ_VOCAB - 2
+            full[i, 1:k + 1] = rng.integers(1, PARSEQ_VOCAB - 2, size=k)
+            full[i, k + 1] = 0
+            mask[i, :k + 2] = 1
+        return ({"images": rng.random((n, 32, 64, 3)).astype("float32"), "token_ids": full[:, :-1],
+                 "padding_mask": mask[:, :-1]}, full[:, 1:])
     if kind == "saliency":      # images and a binary mask per pixel
         return (rng.standard_normal((n, image, image, 3)).astype("float32"),
                 (rng.random((n, image, image, 1)) > 0.5).astype("float32"))
