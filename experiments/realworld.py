@@ -607,7 +607,7 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
         return (rng.uniform(0, 1, (n, image, image, 3)).astype("float32"),
                 {"boxes": np.concatenate([centre, size], -1).astype("float32"),
                  "labels": rng.integers(0, SEGMENT_CLASSES, (n, 2)).astype("int32")})
-    if kind == "text_recognition":  # 32x64 images; [B], a label of 2-6 characters, [E], [P] padding
+    if kind == "text_recognition":  # 32x64 images; [B], a label of 2-6 characters, [E], [P] padding; weights
         full = np.full((n, PARSEQ_LABEL + 1), PARSEQ_VOCAB - 1, dtype="int32")
         mask = np.zeros((n, PARSEQ_LABEL + 1), dtype="int32")
         for i, k in enumerate(rng.integers(2, PARSEQ_LABEL - 1, size=n)):
@@ -615,8 +615,9 @@ def batches(kind: str, count: int, seed: int = 0, image: int = IMAGE):
             full[i, 1:k + 1] = rng.integers(1, PARSEQ_VOCAB - 2, size=k)
             full[i, k + 1] = 0
             mask[i, :k + 2] = 1
+        # the label's padding mask weighs the loss (PARSeq's loss requires it: its preprocessor gives it)
         return ({"images": rng.random((n, 32, 64, 3)).astype("float32"), "token_ids": full[:, :-1],
-                 "padding_mask": mask[:, :-1]}, full[:, 1:])
+                 "padding_mask": mask[:, :-1]}, full[:, 1:], mask[:, 1:].astype("float32"))
     if kind == "saliency":      # images and a binary mask per pixel
         return (rng.standard_normal((n, image, image, 3)).astype("float32"),
                 (rng.random((n, image, image, 1)) > 0.5).astype("float32"))
@@ -676,7 +677,9 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
 
     plain, other, kind = twins(name)
     budget = BUDGETS.get(name, "50%" if kind in TRANSFORMERS else "50% activations")
-    x, y = batches(kind, steps, image=getattr(model_entry(name)[0], "image_size", IMAGE))
+    data = batches(kind, steps, image=getattr(model_entry(name)[0], "image_size", IMAGE))
+    x, y = data[:2]
+    weights = data[2] if len(data) > 2 else None     # sample weights, where the task needs them
     trainer = checkmate.tf2.RematModel(other, budget=budget)
     if not trainer.compiled and checkmate.tf2.losses.compile_arguments_of(other) is None:
         raise SystemExit(f"{name}: not compiled")
@@ -687,10 +690,11 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
     first = tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:BATCH]), (x, y))
     plain_losses: list = []
     remat_losses: list = []
-    plain.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=[_losses_callback(plain_losses)])
+    plain.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+              callbacks=[_losses_callback(plain_losses)])
     started = time.perf_counter()
     try:
-        step = trainer.compiled_step(*first)
+        step = trainer.compiled_step(*first, None if weights is None else tf.convert_to_tensor(weights[:BATCH]))
     except checkmate.errors.InfeasibleBudgetError as exc:
         # a row that says so (the minimum the solvers found), and the next model
         print(f"{name}: {exc}", flush=True)
@@ -701,7 +705,7 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
                 "loss_rel_diff_batch1": "–", "loss_rel_diff_batch2": "–", "epoch_seconds": None,
                 "plain_epoch_seconds": None, "epoch_cpu_seconds": None, "plain_epoch_cpu_seconds": None}
     compile_s = time.perf_counter() - started
-    trainer.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
+    trainer.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=1, shuffle=False, verbose=0,
                 callbacks=[_losses_callback(remat_losses)])
     # plain fit logs the mean of the batches so far: batch 2's own loss is 2 * log2 - log1
     own = lambda logs: [logs[0], 2 * logs[1] - logs[0]]
@@ -709,7 +713,7 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
     # a second plain model from the same weights, timed as the others are: what the same work measures
     # twice on this machine (the noise floor of the ratios), trained once before timing as the others were
     control = twins(name)[0]
-    control.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+    control.fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     times = {"plain": ([], []), "remat": ([], []), "control": ([], [])}   # wall, CPU seconds of each timed epoch
     runs = {"plain": plain, "remat": trainer, "control": control}
     order = list(runs)
@@ -718,11 +722,12 @@ def run_model(name: str, epochs: int, steps: int, time_limit_s: float) -> dict:
         # another (with the caches and thread pools it left) and a load that comes and goes falls on all
         for side in order[r % 3:] + order[:r % 3]:
             t, c = time.perf_counter(), time.process_time()
-            runs[side].fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
+            runs[side].fit(x, y, sample_weight=weights, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
             times[side][0].append(time.perf_counter() - t)
             times[side][1].append(time.process_time() - c)
     lowered = step.lowered
-    flat = step.function.flat_args(first[0], (first[1], tf.ones((BATCH,), tf.float32)))
+    flat = step.function.flat_args(first[0], (first[1], tf.ones((BATCH,), tf.float32) if weights is None
+                                              else tf.convert_to_tensor(weights[:BATCH])))
     plain_peak = measure_step(lowered.function, *flat).peak_bytes
     remat_peak = measure_step(step.function.call_flat, *flat).peak_bytes
     row = {

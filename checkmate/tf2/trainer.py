@@ -519,13 +519,14 @@ class StepTrainer(keras.Model):
             self.optimizer.build(self.trainable_variables)
 
     # ------------------------------------------------------------------------------ the step
-    def compiled_step(self, x: Any = None, y: Any = None) -> "CompiledStep":
-        """The step compiled for the first training batch, or for the batch ``(x, y)`` if none is
-        compiled yet (under a strategy, ``(x, y)`` is one replica's batch)."""
+    def compiled_step(self, x: Any = None, y: Any = None, sample_weight: Any = None) -> "CompiledStep":
+        """The step compiled for the first training batch, or for the batch ``(x, y)`` (with its
+        ``sample_weight``, of the shape ``fit`` will be given) if none is compiled yet (under a
+        strategy, ``(x, y)`` is one replica's batch)."""
         if self._main_batch is None:
             if x is None:
                 raise InvalidArgumentError("no step compiled yet: it is compiled at the first training batch")
-            self._add_step(x, y)
+            self._add_step(x, y, sample_weight)
         return self._steps[self._main_batch]
 
     @property

@@ -85,6 +85,24 @@ def test_per_token_weights_as_keras():
     assert trainer.compiled_step().input_specs[-1].shape == (BATCH, STEPS)
 
 
+def test_a_step_compiled_before_fit_for_per_token_weights_serves_fit():
+    x, y = token_data()
+    weights = x["padding_mask"].astype("float32") * np.linspace(0.5, 1.5, STEPS, dtype="float32")
+    model, other = token_model(), token_model()
+    other.set_weights(model.get_weights())
+    model.compile(**sgd_token_loss(), jit_compile=False)
+    trainer = checkmate.tf2.RematModel(other, **OPTIONS)
+    trainer.compile(**sgd_token_loss())
+    first = tf.nest.map_structure(lambda a: tf.convert_to_tensor(a[:BATCH]), (x, y, weights))
+    step = trainer.compiled_step(*first)
+    assert step.input_specs[-1].shape == (BATCH, STEPS)
+    with _compat.grappler_disabled():
+        want = model.fit(x, y, sample_weight=weights, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    got = trainer.fit(x, y, sample_weight=weights, batch_size=BATCH, shuffle=False, verbose=0).history["loss"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert trainer.compiled_steps == {BATCH: step}      # fit used the step compiled beforehand
+
+
 def test_per_sample_weights_weigh_every_token_of_a_row():
     x, y = token_data()
     weights = np.linspace(0.2, 2.0, len(y)).astype("float32")
