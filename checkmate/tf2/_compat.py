@@ -144,6 +144,15 @@ def branch_graphs(op: "tf.Operation") -> list:
     return graphs
 
 
+def call_graph(op: "tf.Operation"):
+    """The graph of the function a ``PartitionedCall``/``StatefulPartitionedCall`` op calls (its ``f``),
+    or None where it cannot be read (TF 2.21 private API, as :func:`branch_graphs`)."""
+    try:
+        return op.graph._get_function(op.get_attr("f").name).graph
+    except (AttributeError, KeyError, ValueError, TypeError):
+        return None
+
+
 def loop_body_graph(op: "tf.Operation"):
     """The graph of a ``While``/``StatelessWhile`` op's ``body`` function, or None where it cannot be
     read (TF 2.21 private API, as :func:`branch_graphs`)."""

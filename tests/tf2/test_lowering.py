@@ -567,7 +567,7 @@ class Opaque(keras.layers.Layer):
         return x + tf.stop_gradient(_opaque_inner(x))
 
 
-def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
+def test_opaque_call_is_one_node_with_a_warning_recomputable_as_its_function_only_computes():
     inp = keras.Input((8,))
     h = keras.layers.Dense(6, name="d")(inp)
     out = keras.layers.Dense(3, name="o")(Opaque(name="opq")(h))
@@ -578,7 +578,9 @@ def test_opaque_call_is_one_non_recomputable_node_with_a_warning():
     call = next(n for n in lg.op_node if fg.get_operation_by_name(n).type == "PartitionedCall")
     nid = lg.op_node[call]
     assert lg.node_ops[nid] == (call,)
-    assert not lg.graph.recomputable[nid]
+    # relu and a product: it computes the same each time (a call holding a random draw is not
+    # recomputable: tests/tf2/test_pure_calls.py)
+    assert lg.graph.recomputable[nid]
     assert lg.graph.mem[nid] == BATCH * 6 * 4
     assert lg.metadata["warnings"]
 

@@ -28,11 +28,12 @@ are only needed, in the backward pass.
 
 Recomputability: an op is not recomputable when it reads a variable the step assigns (the copy would
 read the updated value), is stateful (assigns, stateful random ops, anything TF registers as stateful
-other than reads of unassigned variables), or is an opaque call/loop; a node holding such an op is
-``recomputable=False``.
+other than reads of unassigned variables), or is a loop, or a call of a function that holds such an
+op (:func:`_pure_call`); a node holding such an op is ``recomputable=False``.
 
 Opaque constructs: a function call or loop op whose outputs have static shapes becomes a single
-non-recomputable node, with a warning (its internal memory is not modelled). A TensorList built
+node, with a warning (its internal memory is not modelled); recomputable only where it is a call of a
+function that only computes. A TensorList built
 outside a loop (a ``tf.TensorArray`` written in a Python loop) is sized by the items it holds, a
 list a ``While`` loop carries (``tf.map_fn``, ``keras.ops.map``, a Keras RNN layer's loop and their
 gradient's accumulators) by what each trip of the loop body does to it, and the optionals an ``If`` op returns for
@@ -144,6 +145,7 @@ class OpInfo:
     backward: bool = False
     recomputable: bool = True
     opaque: bool = False
+    pure_call: bool = False     # an opaque call that only computes (and reads variables): recomputable
     bytes: int = 0
     out_bytes: tuple[int, ...] = ()
     dead: bool = False  # never runs: TF prunes it (static for the contract, listed in metadata)
@@ -156,6 +158,40 @@ def _resource_source(t: tf.Tensor) -> str:
         t = t.op.inputs[t.value_index if t.op.type == "IdentityN" else 0]
         seen += 1
     return t.op.name
+
+
+_CALL_TYPES = frozenset({"PartitionedCall", "StatefulPartitionedCall"})
+
+
+def _pure_call(op, seen: dict[str, bool] | None = None) -> bool:
+    """Whether ``op`` calls a function that, with the functions it calls, holds no stateful op but
+    reads of variables: a call that computes the same outputs each time it runs with the same inputs
+    (Keras runs a grouped convolution on CPU as such a call, compiled by XLA), which may therefore be
+    recomputed like any op. Whether the variables it reads are assigned by the step is the caller's
+    check (:func:`classify_ops`, on the call's resource inputs)."""
+    if op.type not in _CALL_TYPES:
+        return False
+    seen = {} if seen is None else seen
+    try:
+        key = op.get_attr("f").name
+    except (ValueError, TypeError):
+        return False
+    if key in seen:
+        return seen[key]
+    seen[key] = False           # a function that calls itself is not looked into
+    body = _compat.call_graph(op)
+    if body is None:
+        return False
+    for inner in body.get_operations():
+        if inner.type in _CALL_TYPES:
+            if not _pure_call(inner, seen):
+                return False
+        elif inner.type in _OPAQUE_TYPES:
+            return False        # a loop or a branch: not looked into
+        elif _compat.op_is_stateful(inner) and inner.type not in _RESOURCE_READ_TYPES:
+            return False
+    seen[key] = True
+    return True
 
 
 def _is_opaque(op) -> bool:
@@ -176,10 +212,13 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
     ops = op_graph.ops
     batch_ops = {op_graph.index[name] for name in (*traced.input_names, *traced.label_names)}
 
+    # Function calls whose functions only compute and read variables (see _pure_call)
+    pure_calls = {index for index, op in enumerate(ops) if op.type in _CALL_TYPES and _pure_call(op)}
+
     # Resources written by the step: inputs of any stateful op that is not a pure read.
     written: set[str] = set()
-    for op in ops:
-        if op.type in _RESOURCE_READ_TYPES or op.type in _RESOURCE_SOURCE_TYPES:
+    for index, op in enumerate(ops):
+        if op.type in _RESOURCE_READ_TYPES or op.type in _RESOURCE_SOURCE_TYPES or index in pure_calls:
             continue
         if not _compat.op_is_stateful(op):
             continue
@@ -214,16 +253,18 @@ def classify_ops(traced: TracedStep, op_graph: OpGraph | None = None) -> list[Op
             continue
         depends = any(j in batch_ops or not infos[j].static for j in op_graph.inputs[index]) \
             or any(not infos[j].static for j in op_graph.control_inputs[index])
-        reads_written = (op.type in _RESOURCE_READ_TYPES
+        pure = index in pure_calls
+        reads_written = ((op.type in _RESOURCE_READ_TYPES or pure)
                          and any(t.dtype == tf.resource and _resource_source(t) in written for t in op.inputs))
-        harmless_read = op.type in _RESOURCE_READ_TYPES and not reads_written
+        harmless_read = (op.type in _RESOURCE_READ_TYPES or pure) and not reads_written
         stateful = _compat.op_is_stateful(op) and not harmless_read
         opaque = _is_opaque(op)
         if not (depends or reads_written or stateful):
             continue
         info.static = False
         info.opaque = opaque
-        info.recomputable = not (reads_written or stateful or opaque)
+        info.pure_call = pure
+        info.recomputable = not (reads_written or stateful or (opaque and not pure))
         info.backward = index >= traced.grad_start
         sizes = []
         for t in op.outputs:
@@ -445,8 +486,12 @@ def warn_opaque(infos: Sequence[OpInfo], warn: list[str]) -> None:
     (KerasHub's MobileNet runs 22 grouped convolutions as XLA calls: 22 warnings said the same)."""
     opaque = [info for info in infos if info.opaque and not info.static]
     for info in opaque:
-        warn.append(f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
-                    "non-recomputable node and its internal memory is not modelled")
+        if info.recomputable:
+            warn.append(f"op {info.op.name!r} ({info.op.type}) is an opaque call: it becomes a single node "
+                        "(recomputable: its function only computes) and its internal memory is not modelled")
+        else:
+            warn.append(f"op {info.op.name!r} ({info.op.type}) is an opaque call or loop: it becomes a single "
+                        "non-recomputable node and its internal memory is not modelled")
     # a loop keeps every trip's values to the end of its gradient, and none can be dropped: say how to
     # have a Keras RNN layer's trips planned one by one
     loops = any(info.op.type in _LOOP_TYPES for info in opaque)
@@ -456,6 +501,10 @@ def warn_opaque(infos: Sequence[OpInfo], warn: list[str]) -> None:
         warnings.warn(warn[-1] + hint, UserWarning, stacklevel=3)
     elif opaque:
         named = ", ".join(f"{info.op.name!r} ({info.op.type})" for info in opaque[:3])
+        fixed = sum(not info.recomputable for info in opaque)
+        kind = ("non-recomputable node" if fixed == len(opaque) else
+                "node (recomputable where its function only computes: "
+                f"{len(opaque) - fixed} of them)")
         warnings.warn(f"{len(opaque)} ops are opaque calls or loops ({named}{', ...' if len(opaque) > 3 else ''}): "
-                      "each becomes a single non-recomputable node and its internal memory is not modelled" + hint,
+                      f"each becomes a single {kind} and its internal memory is not modelled" + hint,
                       UserWarning, stacklevel=3)
