@@ -1,5 +1,5 @@
 """A function call op whose function only computes (Keras runs a grouped convolution on CPU as a call
-of an XLA-compiled function: KerasHub's HGNetV2, MobileNet and D-FINE, keras.applications' RegNets)
+of an XLA-compiled function: KerasHub's HGNetV2, MobileNet and D-FINE)
 is a recomputable node; a call whose function holds a stateful op (a random draw) is not."""
 
 from __future__ import annotations
