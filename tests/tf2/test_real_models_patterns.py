@@ -118,41 +118,16 @@ def detection_batches(boxes: int = 4):
 
 
 def parseq():
-    """KerasHub's PARSeq text recognizer: its own ``compute_loss`` runs the decoder once per permutation
-    of the label order (layers called by the loss). Its ``__init__`` compiles with its tokenizer's pad
-    id, so it is built with a preprocessor and then used without one."""
-    encoder = keras_hub.models.ViTBackbone(
-        image_shape=(32, 64, 3), patch_size=(8, 8), num_layers=1, num_heads=2, hidden_dim=32, mlp_dim=64,
-        use_class_token=False, dropout_rate=0.0, attention_dropout=0.0, name="encoder")
-    backbone = keras_hub.models.PARSeqBackbone(
-        image_encoder=encoder, vocabulary_size=PARSEQ_VOCAB, max_label_length=PARSEQ_LABEL, decoder_hidden_dim=32,
-        num_decoder_layers=1, num_decoder_heads=2, decoder_mlp_dim=64, dropout_rate=0.0, attention_dropout=0.0)
-    tokenizer = keras_hub.tokenizers.PARSeqTokenizer(max_label_length=PARSEQ_LABEL)
-    preprocessor = keras_hub.models.PARSeqCausalLMPreprocessor(image_converter=None, tokenizer=tokenizer,
-                                                               sequence_length=PARSEQ_LABEL)
-    task = keras_hub.models.PARSeqCausalLM(backbone=backbone, preprocessor=preprocessor, seed=0)
-    task.preprocessor = None
-    return task
-
-
-PARSEQ_VOCAB, PARSEQ_LABEL = 97, 8      # the tokenizer's default characters with [E], [B] and [P]
+    """KerasHub's PARSeq text recognizer (``experiments/realworld.py``'s): its own ``compute_loss`` runs the
+    decoder once per permutation of the label order (layers called by the loss)."""
+    return realworld.parseq()
 
 
 def parseq_batches():
     """Images, the label's tokens after [B] (and [E], then [P] padding), the next tokens, and the label's
     padding mask as the weights (what PARSeq's preprocessor gives)."""
-    rng = np.random.default_rng(0)
-    rows = 2 * BATCH
-    full = np.full((rows, PARSEQ_LABEL + 1), PARSEQ_VOCAB - 1, dtype="int32")
-    mask = np.zeros((rows, PARSEQ_LABEL + 1), dtype="int32")
-    for i, k in enumerate(rng.integers(2, PARSEQ_LABEL - 1, size=rows)):
-        full[i, 0] = PARSEQ_VOCAB - 2
-        full[i, 1:k + 1] = rng.integers(1, PARSEQ_VOCAB - 2, size=k)
-        full[i, k + 1] = 0
-        mask[i, :k + 2] = 1
-    x = {"images": rng.random((rows, 32, 64, 3)).astype("float32"), "token_ids": full[:, :-1],
-         "padding_mask": mask[:, :-1]}
-    return x, full[:, 1:], mask[:, 1:].astype("float32")
+    assert realworld.BATCH == BATCH
+    return realworld.batches("text_recognition", 2)
 
 
 def d_fine_batches(boxes: int = 2):
