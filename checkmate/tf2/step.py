@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from fractions import Fraction
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -554,7 +555,7 @@ def _minimum_note(strategy: str) -> str:
     except Exception:  # noqa: BLE001 - an unknown name was refused before solving
         return ""
     if kind == StrategyKind.SOLVER:
-        return "; an upper bound: the least budget the solver proved to fit within its time limit"
+        return "; an upper bound: the least budget the solver found a schedule for (a smaller one may fit)"
     return ""
 
 
@@ -880,10 +881,14 @@ def _compile_plan(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, 
         if step.verified_step_peak_bytes <= room:
             return step
     step = min(checked, key=lambda c: (c.verified_step_peak_bytes, c.predicted.compute_cost))
-    _log.warning("no plan's step measured within the %s the budget leaves above the parameters and batch after %d "
-                 "plans (the allocator's rounding on this device exceeds what the memory model predicts): keeping "
-                 "the one that measured least, %s", format_bytes(room), len(checked),
-                 format_bytes(step.verified_step_peak_bytes))
+    message = (f"no plan's step measured within the {format_bytes(room)} the budget leaves above the parameters "
+               f"and batch after {len(checked)} plans (the allocator's rounding on this device exceeds what the "
+               f"memory model predicts): keeping the one that measured least, "
+               f"{format_bytes(step.verified_step_peak_bytes)}; a budget of "
+               f"{format_bytes(resident + step.verified_step_peak_bytes)} or more fits it")
+    _log.warning("%s", message)
+    # shown whatever the logging setup (a Keras fit with verbose=0 shows no log): the step runs over budget
+    warnings.warn(f"checkmate: {message}", UserWarning, stacklevel=2)
     return step
 
 

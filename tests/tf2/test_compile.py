@@ -541,6 +541,26 @@ def test_a_byte_budget_plans_again_for_what_the_measured_step_missed(monkeypatch
     assert step.verified_step_peak_bytes is None
 
 
+def test_a_step_kept_over_its_byte_budget_is_a_visible_warning(monkeypatch):
+    """When no plan's step measures within a byte budget, the plan that measured least is kept, and the
+    user is told with a Python warning (a Keras fit with verbose=0 shows no log), naming the budget that
+    step fits in."""
+    import warnings
+
+    model, loss, lowered, budget = _byte_budget_case()
+    resident = compile_module.resident_bytes(lowered)
+    room = budget - resident
+    monkeypatch.setattr(compile_module, "_measurable", lambda lowered, device: "CPU:0")
+    monkeypatch.setattr(compile_module, "_measured_step_peak", lambda step, device: room + 4096)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = _compile_bytes(model, loss, lowered, budget)
+    over = [w for w in caught if "no plan's step measured within" in str(w.message)]
+    assert len(over) == 1 and issubclass(over[0].category, UserWarning), [str(w.message) for w in caught]
+    assert step.verified_step_peak_bytes == room + 4096
+    assert compile_module.format_bytes(resident + room + 4096) in str(over[0].message)
+
+
 def test_checking_a_byte_budget_adds_at_most_half_a_solve(monkeypatch):
     """The plans made after the first share VERIFY_EXTRA_SOLVE_SHARE of one solve's time limit: the
     first plan gets the whole limit, each later one what is left of that share (at least
