@@ -535,6 +535,26 @@ def _activation_share(budget_bytes: int, graph: Any, budget: Any) -> str:
     return ""
 
 
+def _activation_budget_that_fits(planned_minimum: int, graph: Any, budget: Any) -> str:
+    """``', or "43.5% activations"'``: the least budget in activations, to a tenth of a percent, that
+    resolves to at least ``planned_minimum``, for a budget not given in activations (where the
+    parameters and optimizer state are most of checkpoint-all's peak, a percentage of it says little of
+    what recomputation can save); empty when the budget was given in activations or none fits."""
+    from checkmate.budgets import activation_reference
+
+    if isinstance(budget, str) and "activation" in budget:
+        return ""
+    floor, activations = activation_reference(graph)
+    if activations <= 0:
+        return ""
+    tenths = max(0, math.ceil(Fraction((int(planned_minimum) - floor) * 1000, int(activations))))
+    while tenths <= 1000 and parse_budget(f"{tenths / 10:g}% activations", graph) < planned_minimum:
+        tenths += 1
+    if tenths > 1000:
+        return ""
+    return f', or "{tenths / 10:g}% activations"'
+
+
 def _share_that_fits(planned_minimum: int, graph) -> str:
     """The least percentage budget, to a tenth of a percent, that resolves to at least
     ``planned_minimum`` (a percentage is planned as given, without the allocator headroom)."""
@@ -797,6 +817,7 @@ def _compile_plan(lowered: LoweredGraph, model: Any, loss: Any, optimizer: Any, 
                 f"{_headroom_part(minimum, planned_minimum)})"
                 f"{_activation_share(planned_minimum, lowered.graph, budget)}, or "
                 f"{_share_that_fits(planned_minimum, lowered.graph)} of checkpoint-all's peak"
+                f"{_activation_budget_that_fits(planned_minimum, lowered.graph, budget)}"
                 f"{_floor_note(lowered.graph, planned_minimum, strategy)}",
                 budget_bytes=budget_bytes, min_feasible_budget_bytes=minimum, strategy=strategy) from exc
         if result.schedule is None:

@@ -83,8 +83,9 @@ def test_budget_forms_that_resolve_are_accepted(budget):
 
 
 def test_the_stated_minimum_works_as_bytes_and_as_a_percentage():
-    """The infeasible message's minimum works in both forms, and as a percentage never exceeds 100%
-    for the default strategy (checkpoint-all always fits its own peak)."""
+    """The infeasible message's minimum works in its three forms (bytes, a percentage of checkpoint-all's
+    peak, a share of the activations), and as a percentage never exceeds 100% for the default strategy
+    (checkpoint-all always fits its own peak)."""
     import re
 
     from checkmate.errors import InfeasibleBudgetError
@@ -98,7 +99,10 @@ def test_the_stated_minimum_works_as_bytes_and_as_a_percentage():
     share = re.search(r"or ([0-9.]+%) of checkpoint-all's peak", message)
     assert share, message
     assert float(share.group(1)[:-1]) <= 100.0
-    for budget in (share.group(1), info.value.min_feasible_budget_bytes):
+    # and as a share of the activations, in the form a budget takes
+    activations = re.search(r'or "([0-9.]+% activations)"', message)
+    assert activations, message
+    for budget in (share.group(1), info.value.min_feasible_budget_bytes, activations.group(1)):
         step = checkmate.tf2.compile(model, LOSSES, keras.optimizers.SGD(0.1), *specs, budget=budget,
                                      strategy="auto", time_limit_s=10)
         assert step.predicted.peak_memory_bytes <= step.predicted.budget_bytes
